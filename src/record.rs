@@ -1,0 +1,169 @@
+//! The OTEP 4947 Thread-Local Context Record: layout and the writer protocol.
+//!
+//! One record per registered thread, written only by that thread. Readers
+//! (eBPF programs, ptrace-based tools) read it only while the thread is
+//! stopped or interrupted, so the writer needs compiler ordering, not CPU
+//! barriers: every store is volatile and separated by compiler fences.
+//!
+//! The JavaScript fast path (`js/record-view.js`) writes the same bytes
+//! through a typed-array view over the record and follows the same protocol.
+
+use std::mem::{align_of, offset_of, size_of};
+use std::ptr::{addr_of_mut, write_volatile};
+use std::sync::atomic::{compiler_fence, Ordering};
+
+/// Bytes of the fixed header readers fetch first.
+pub const HEADER_SIZE: usize = 28;
+/// Upper bound the specification recommends for a whole record.
+pub const RECORD_SIZE: usize = 640;
+/// Room left for `attrs_data` entries.
+pub const ATTRS_CAPACITY: usize = RECORD_SIZE - HEADER_SIZE;
+
+/// Byte offsets shared with the JavaScript writer and the reader CLI.
+pub const OFFSET_TRACE_ID: usize = 0;
+pub const OFFSET_SPAN_ID: usize = 16;
+pub const OFFSET_VALID: usize = 24;
+pub const OFFSET_TRACE_FLAGS: usize = 25;
+pub const OFFSET_ATTRS_DATA_SIZE: usize = 26;
+pub const OFFSET_ATTRS_DATA: usize = 28;
+
+/// The record as readers see it. Host endianness, no padding inside the
+/// header; aligned to a cache line so the header never straddles two.
+#[repr(C, align(64))]
+pub struct ThreadContextRecord {
+    /// W3C trace-id bytes in the order of the hex string. All zero = none.
+    pub trace_id: [u8; 16],
+    /// W3C span-id bytes in the order of the hex string.
+    pub span_id: [u8; 8],
+    /// 1 = complete and current; anything else = ignore the record.
+    pub valid: u8,
+    /// W3C trace-flags byte (0x01 sampled); 0 when no ids are set.
+    pub trace_flags: u8,
+    /// Number of `attrs_data` bytes in use.
+    pub attrs_data_size: u16,
+    /// Packed `{u8 key_index, u8 len, u8 value[len]}` entries.
+    pub attrs_data: [u8; ATTRS_CAPACITY],
+}
+
+const _: () = {
+    assert!(offset_of!(ThreadContextRecord, trace_id) == OFFSET_TRACE_ID);
+    assert!(offset_of!(ThreadContextRecord, span_id) == OFFSET_SPAN_ID);
+    assert!(offset_of!(ThreadContextRecord, valid) == OFFSET_VALID);
+    assert!(offset_of!(ThreadContextRecord, trace_flags) == OFFSET_TRACE_FLAGS);
+    assert!(offset_of!(ThreadContextRecord, attrs_data_size) == OFFSET_ATTRS_DATA_SIZE);
+    assert!(offset_of!(ThreadContextRecord, attrs_data) == OFFSET_ATTRS_DATA);
+    assert!(size_of::<ThreadContextRecord>() == RECORD_SIZE);
+    assert!(align_of::<ThreadContextRecord>() == 64);
+};
+
+/// A span context as the record stores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpanIds {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub trace_flags: u8,
+}
+
+impl SpanIds {
+    /// Builds ids from the numbers the napi API takes: `trace_id_high` is the
+    /// first 8 bytes of the W3C trace id read as a big-endian number.
+    pub fn from_words(trace_id_high: u64, trace_id_low: u64, span_id: u64, trace_flags: u8) -> Self {
+        let mut trace_id = [0u8; 16];
+        trace_id[..8].copy_from_slice(&trace_id_high.to_be_bytes());
+        trace_id[8..].copy_from_slice(&trace_id_low.to_be_bytes());
+        SpanIds { trace_id, span_id: span_id.to_be_bytes(), trace_flags }
+    }
+}
+
+/// Publishes `ids` (no attributes) into `record`.
+///
+/// # Safety
+/// `record` must point at a live record owned by the calling thread.
+pub unsafe fn publish(record: *mut ThreadContextRecord, ids: &SpanIds) {
+    // SAFETY: the caller guarantees `record` is live and ours to write;
+    // addr_of_mut avoids creating references to memory JS also writes.
+    unsafe {
+        write_volatile(addr_of_mut!((*record).valid), 0);
+        // ORDER: a sampler that interrupts us below sees valid = 0 and ignores
+        // the half-written fields.
+        compiler_fence(Ordering::SeqCst);
+        write_volatile(addr_of_mut!((*record).trace_id), ids.trace_id);
+        write_volatile(addr_of_mut!((*record).span_id), ids.span_id);
+        write_volatile(addr_of_mut!((*record).trace_flags), ids.trace_flags);
+        write_volatile(addr_of_mut!((*record).attrs_data_size), 0);
+        // ORDER: every field is in memory before valid = 1 makes it readable.
+        compiler_fence(Ordering::SeqCst);
+        write_volatile(addr_of_mut!((*record).valid), 1);
+    }
+}
+
+/// Marks `record` as carrying no span. The ids stay in place: readers must
+/// ignore them once `valid` is not 1.
+///
+/// # Safety
+/// `record` must point at a live record owned by the calling thread.
+pub unsafe fn invalidate(record: *mut ThreadContextRecord) {
+    // SAFETY: as for `publish`.
+    unsafe { write_volatile(addr_of_mut!((*record).valid), 0) };
+    // ORDER: later stores (a TLS pointer change, a slot release) happen after
+    // readers can see the record as invalid.
+    compiler_fence(Ordering::SeqCst);
+}
+
+/// Resets a record to all zeroes (valid = 0 first), for a slot being recycled.
+///
+/// # Safety
+/// No thread may be publishing into `record`.
+pub unsafe fn reset(record: *mut ThreadContextRecord) {
+    // SAFETY: as for `invalidate`; nobody else writes the record now.
+    unsafe {
+        invalidate(record);
+        std::ptr::write_bytes(record.cast::<u8>(), 0, RECORD_SIZE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blank() -> Box<ThreadContextRecord> {
+        // SAFETY: an all-zero record is a valid value of the type.
+        unsafe { Box::new(std::mem::zeroed()) }
+    }
+
+    #[test]
+    fn words_map_to_w3c_byte_order() {
+        let ids = SpanIds::from_words(0x0102030405060708, 0x090a0b0c0d0e0f10, 0x1112131415161718, 1);
+        assert_eq!(ids.trace_id, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
+        assert_eq!(ids.span_id, [0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18]);
+    }
+
+    #[test]
+    fn publish_then_invalidate() {
+        let mut rec = blank();
+        let ids = SpanIds::from_words(1, 2, 3, 1);
+        // SAFETY: `rec` is a live record owned by this test.
+        unsafe { publish(&mut *rec, &ids) };
+        assert_eq!(rec.valid, 1);
+        assert_eq!(rec.trace_flags, 1);
+        assert_eq!(rec.trace_id[7], 1);
+        assert_eq!(rec.trace_id[15], 2);
+        assert_eq!(rec.span_id[7], 3);
+        assert_eq!(rec.attrs_data_size, 0);
+        // SAFETY: as above.
+        unsafe { invalidate(&mut *rec) };
+        assert_eq!(rec.valid, 0);
+    }
+
+    #[test]
+    fn header_bytes_are_where_readers_look() {
+        let mut rec = blank();
+        // SAFETY: as above.
+        unsafe { publish(&mut *rec, &SpanIds::from_words(u64::MAX, u64::MAX, u64::MAX, 0x03)) };
+        let bytes: &[u8; RECORD_SIZE] = unsafe { &*(&*rec as *const ThreadContextRecord).cast() };
+        assert!(bytes[..24].iter().all(|&b| b == 0xff));
+        assert_eq!(bytes[OFFSET_VALID], 1);
+        assert_eq!(bytes[OFFSET_TRACE_FLAGS], 3);
+        assert_eq!(&bytes[OFFSET_ATTRS_DATA_SIZE..OFFSET_ATTRS_DATA], &[0, 0]);
+    }
+}

@@ -1,0 +1,46 @@
+//! The `otel_thread_ctx_v1` TLS variable readers discover (defined in
+//! `src/tls_shim.c`, exported through `src/exports.map`).
+
+use crate::record::ThreadContextRecord;
+
+extern "C" {
+    fn otel_thread_ctx_tls_store(record: *mut ThreadContextRecord);
+    fn otel_thread_ctx_tls_load() -> *mut ThreadContextRecord;
+    fn otel_thread_ctx_tls_address() -> *mut *mut ThreadContextRecord;
+}
+
+/// Points the calling thread's `otel_thread_ctx_v1` at `record` (or NULL).
+pub fn point_at(record: *mut ThreadContextRecord) {
+    // SAFETY: the shim only stores into the calling thread's own variable.
+    unsafe { otel_thread_ctx_tls_store(record) }
+}
+
+/// What the calling thread's `otel_thread_ctx_v1` holds now.
+pub fn current() -> *mut ThreadContextRecord {
+    // SAFETY: the shim only loads the calling thread's own variable.
+    unsafe { otel_thread_ctx_tls_load() }
+}
+
+/// Address of the calling thread's `otel_thread_ctx_v1` variable.
+pub fn variable_address() -> usize {
+    // SAFETY: taking the address of our own TLS variable has no side effect.
+    unsafe { otel_thread_ctx_tls_address() as usize }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_thread_has_its_own_pointer() {
+        let mut record: ThreadContextRecord = unsafe { std::mem::zeroed() };
+        point_at(&mut record);
+        assert_eq!(current(), &mut record as *mut _);
+        let (other_current, other_address) =
+            std::thread::spawn(|| (current() as usize, variable_address())).join().unwrap();
+        assert_eq!(other_current, 0);
+        assert_ne!(other_address, variable_address());
+        point_at(std::ptr::null_mut());
+        assert!(current().is_null());
+    }
+}
