@@ -1,0 +1,92 @@
+'use strict';
+// Shared test helpers: reading records the way an outside reader does, and
+// running child processes that park threads inside spans.
+const fs = require('node:fs');
+const path = require('node:path');
+const { spawn } = require('node:child_process');
+const { context, trace, TraceFlags } = require('@opentelemetry/api');
+
+const ROOT = path.resolve(__dirname, '..');
+const HEADER_SIZE = 28;
+
+/** Reads and decodes a record header from `pid`'s memory (/proc/<pid>/mem). */
+function readRecord(pid, address) {
+  const fd = fs.openSync(`/proc/${pid}/mem`, 'r');
+  try {
+    const buf = Buffer.alloc(HEADER_SIZE);
+    const n = fs.readSync(fd, buf, 0, HEADER_SIZE, BigInt(address));
+    if (n !== HEADER_SIZE) throw new Error(`short read of record at ${address}: ${n}`);
+    return decodeHeader(buf);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+function decodeHeader(buf) {
+  return {
+    traceId: buf.subarray(0, 16).toString('hex'),
+    spanId: buf.subarray(16, 24).toString('hex'),
+    valid: buf[24],
+    traceFlags: buf[25],
+    attrsDataSize: buf.readUInt16LE(26),
+  };
+}
+
+/** The calling thread's own record, read through /proc/self/mem (not through the JS view). */
+function readOwnRecord() {
+  const { threadInfo } = require(ROOT);
+  return readRecord('self', threadInfo().recordAddress);
+}
+
+let counter = 0;
+/** A context carrying a fresh, recognisable, valid span context. */
+function spanContextFor(label, flags = TraceFlags.SAMPLED) {
+  counter++;
+  const hex = (n, width) => n.toString(16).padStart(width, '0');
+  const traceId = hex(0xabc000 + counter, 16) + hex(Buffer.from(label).reduce((a, b) => a * 31 + b, 7) >>> 0, 16);
+  const spanId = hex(0x5000 + counter, 16);
+  const spanContext = { traceId, spanId, traceFlags: flags, isRemote: false };
+  return { spanContext, ctx: trace.setSpanContext(context.active(), spanContext) };
+}
+
+/**
+ * Spawns `node -e script` (with the Node running the tests) and resolves once
+ * the child printed `count` JSON lines, returning the child and the lines.
+ */
+function spawnNode(script, { count = 1, args = [], env = {} } = {}) {
+  const child = spawn(process.execPath, [...args, '-e', script], {
+    cwd: ROOT,
+    env: { ...process.env, ...env },
+    stdio: ['pipe', 'pipe', 'inherit'],
+  });
+  const lines = [];
+  let pending = '';
+  const ready = new Promise((resolve, reject) => {
+    child.on('exit', (code, signal) => reject(new Error(`child exited early: ${code ?? signal}; got ${JSON.stringify(lines)}`)));
+    child.stdout.on('data', (chunk) => {
+      pending += chunk;
+      let i;
+      while ((i = pending.indexOf('\n')) >= 0) {
+        lines.push(JSON.parse(pending.slice(0, i)));
+        pending = pending.slice(i + 1);
+        if (lines.length === count) resolve({ child, lines });
+      }
+    });
+  });
+  return ready;
+}
+
+/** Resolves when `child` exits; kills it if it has not after `ms`. */
+function exited(child, ms = 10000) {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve(child.exitCode);
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => child.kill('SIGKILL'), ms);
+    child.removeAllListeners('exit');
+    child.on('exit', (code) => {
+      clearTimeout(timer);
+      resolve(code);
+    });
+  });
+}
+
+module.exports = { ROOT, readRecord, readOwnRecord, decodeHeader, spanContextFor, spawnNode, exited };
