@@ -8,7 +8,7 @@
 //   entry and on exit (exit by throw included).
 // - a callback starting in a stored context (await continuation, timer,
 //   immediate, nextTick, queueMicrotask, I/O callback): published by the
-//   async hook in ./continuations.js.
+//   hooks in ./continuations.js.
 // - the event loop going idle: the native side clears the record from a
 //   libuv prepare handle, right before the thread blocks (src/idle.rs).
 
@@ -63,7 +63,7 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     super.enable();
     if (!this._publishing) {
       this._publishing = true;
-      continuations.activate(this);
+      continuations.activate(this, publishContext);
       binding.setClearOnIdle(true);
       publishContext(this._asyncLocalStorage.getStore());
     }
@@ -106,11 +106,6 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     const wrapped = { dispose };
     if (typeof Symbol.dispose === 'symbol') wrapped[Symbol.dispose] = dispose;
     return wrapped;
-  }
-
-  /** Called by ./continuations.js at the start of every callback. */
-  _publishActive() {
-    publishContext(this._asyncLocalStorage.getStore());
   }
 }
 
