@@ -296,3 +296,10 @@ test('no signal handler is installed (never SIGPROF)', () => {
   context.setGlobalContextManager(manager.enable());
   assert.strictEqual(caught(), before, 'enabling a manager changed the caught-signal mask');
 });
+
+test('uses the cheapest hooks for this Node.js AsyncLocalStorage', () => {
+  const { strategy } = require('../js/continuations');
+  const major = Number(process.versions.node.split('.')[0]);
+  const frames = !process.execArgv.includes('--no-async-context-frame') && major >= 24;
+  assert.strictEqual(strategy, frames ? 'async-context-frame' : 'async-hooks');
+});
