@@ -157,3 +157,69 @@ pub fn record_buffer(env: Env) -> Result<sys::napi_value> {
     let slot = current_slot(&env)?;
     view::get_or_create(&env, slot)
 }
+
+// ---------------------------------------------------------------------------
+// Process context (OTEP 4719): logic in src/process_context.rs.
+
+mod process_context;
+
+/// Publishes (or updates) the process context read by out-of-process
+/// profilers: `{ resource?, attributes?, schemaVersion? }`. Each given option
+/// replaces the published one; omitted ones stay. Throws `TypeError` /
+/// `RangeError` on bad input, leaving the published context unchanged.
+#[napi]
+pub fn publish_process_context(env: Env, options: Option<Unknown>) -> Result<()> {
+    let update = process_context::update_from_js(&env, options.as_ref())?;
+    process_context::publish(update).or_else(|e| process_context::throw(&env, e))
+}
+
+/// Appends new keys to `threadlocal.attribute_key_map` and returns every
+/// key's index (at most 256 keys; indexes never change).
+#[napi]
+pub fn register_attribute_keys(env: Env, keys: Unknown) -> Result<Vec<u32>> {
+    let keys = process_context::keys_from_js(&env, &keys)?;
+    process_context::register_keys(&keys).or_else(|e| process_context::throw(&env, e))
+}
+
+/// Diagnostics about the published process context.
+#[napi(object)]
+pub struct ProcessContextInfo {
+    /// Address of the `OTEL_CTX` mapping (the 32-byte header is at its start).
+    pub mapping_address: BigInt,
+    /// Size of the mapping in bytes (one page).
+    pub mapping_size: u32,
+    /// `"memfd"` (`/memfd:OTEL_CTX`) or `"anonymous"` (`[anon:OTEL_CTX]`).
+    pub backing: String,
+    /// `monotonic_published_at_ns` of the current publication.
+    pub published_at_ns: BigInt,
+    /// Address of the current payload.
+    pub payload_address: BigInt,
+    /// Size of the current payload in bytes.
+    pub payload_size: u32,
+    /// Number of keys in `threadlocal.attribute_key_map`.
+    pub key_count: u32,
+    /// Publications since the process started.
+    pub publications: f64,
+    /// Superseded payloads still kept allocated for slow readers.
+    pub retained_payloads: u32,
+}
+
+/// The published process context, or `null` before the first publication.
+#[napi]
+pub fn process_context_info() -> Option<ProcessContextInfo> {
+    process_context::info().map(|info| ProcessContextInfo {
+        mapping_address: BigInt::from(info.mapping_address as u64),
+        mapping_size: info.mapping_len as u32,
+        backing: match info.backing {
+            process_context::Backing::Memfd => "memfd",
+            process_context::Backing::Anonymous => "anonymous",
+        }
+        .to_owned(),
+        published_at_ns: BigInt::from(info.published_at_ns),
+        payload_address: BigInt::from(info.payload_address as u64),
+        payload_size: info.payload_size as u32,
+        key_count: info.key_count as u32,
+        publications: info.publications as f64,
+        retained_payloads: info.retained_payloads as u32,
+    })
+}
