@@ -160,6 +160,7 @@ mod tests {
         let mut rec = blank();
         // SAFETY: as above.
         unsafe { publish(&mut *rec, &SpanIds::from_words(u64::MAX, u64::MAX, u64::MAX, 0x03)) };
+        // SAFETY: the record is RECORD_SIZE plain bytes with no padding.
         let bytes: &[u8; RECORD_SIZE] = unsafe { &*(&*rec as *const ThreadContextRecord).cast() };
         assert!(bytes[..24].iter().all(|&b| b == 0xff));
         assert_eq!(bytes[OFFSET_VALID], 1);

@@ -33,6 +33,7 @@ mod tests {
 
     #[test]
     fn each_thread_has_its_own_pointer() {
+        // SAFETY: an all-zero record is a valid value of the type.
         let mut record: ThreadContextRecord = unsafe { std::mem::zeroed() };
         point_at(&mut record);
         assert_eq!(current(), &mut record as *mut _);
