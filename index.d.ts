@@ -19,7 +19,21 @@ import type { AsyncLocalStorageContextManager } from '@opentelemetry/context-asy
  * manager, as with any OpenTelemetry setup.
  */
 export declare class ProfilingContextManager extends AsyncLocalStorageContextManager implements ContextManager {
-  constructor();
+  /**
+   * @param options.attributes span attribute keys (at most 256, e.g.
+   *   `['http.route', 'http.request.method']`) to publish in the record's
+   *   `attrs_data` when the active span has them. Values are published as
+   *   UTF-8 text (numbers and booleans converted, arrays left out), cut to
+   *   255 bytes at a character boundary; entries that would make the record
+   *   exceed 640 bytes are left out whole. Each key is appended to the
+   *   process context's `threadlocal.attribute_key_map` the first time a span
+   *   carries it. An attribute set on a span after it became active is
+   *   published the next time a context holding the span is entered
+   *   (`with()`) or resumed (a callback starts in it) on the thread.
+   * @throws {TypeError} when `options` is not an object or `attributes` is not an array of strings.
+   * @throws {RangeError} when `attributes` has an empty or repeated key, or more than 256 keys.
+   */
+  constructor(options?: { attributes?: string[] });
   /** Starts publishing on the calling thread. */
   enable(): this;
   /** Stops publishing and leaves the calling thread's record invalid. */

@@ -90,3 +90,33 @@ function exited(child, ms = 10000) {
 }
 
 module.exports = { ROOT, readRecord, readOwnRecord, decodeHeader, spanContextFor, spawnNode, exited };
+
+/** Parses attrs_data bytes into [{ keyIndex, value (Buffer) }]. */
+function parseAttrsData(bytes) {
+  const entries = [];
+  for (let i = 0; i < bytes.length; ) {
+    if (i + 2 > bytes.length) throw new Error(`truncated attrs_data entry at ${i}`);
+    const keyIndex = bytes[i];
+    const len = bytes[i + 1];
+    if (i + 2 + len > bytes.length) throw new Error(`attrs_data value overruns at ${i}`);
+    entries.push({ keyIndex, value: Buffer.from(bytes.subarray(i + 2, i + 2 + len)) });
+    i += 2 + len;
+  }
+  return entries;
+}
+
+/** Reads a whole record (header + attrs_data) from `pid`'s memory. */
+function readFullRecord(pid, address) {
+  const header = readRecord(pid, address);
+  const fd = fs.openSync(`/proc/${pid}/mem`, 'r');
+  try {
+    const attrs = Buffer.alloc(header.attrsDataSize);
+    fs.readSync(fd, attrs, 0, attrs.length, BigInt(address) + BigInt(HEADER_SIZE));
+    return { ...header, attrs: parseAttrsData(attrs) };
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+module.exports.parseAttrsData = parseAttrsData;
+module.exports.readFullRecord = readFullRecord;

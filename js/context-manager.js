@@ -17,31 +17,49 @@ const { AsyncLocalStorageContextManager } = require('@opentelemetry/context-asyn
 const binding = require('./binding');
 const view = require('./record-view');
 const continuations = require('./continuations');
+const { AttributeSchema, validateKeys } = require('./span-attributes');
 
 /** Per-context and per-span cache of the record entry (never enumerated). */
 const kEntry = Symbol('otel-thread-ctx.entry');
 
 function cache(holder, entry) {
-  if (Object.isExtensible(holder)) {
-    Object.defineProperty(holder, kEntry, { value: entry, writable: false, enumerable: false });
+  if (Object.prototype.hasOwnProperty.call(holder, kEntry)) {
+    holder[kEntry] = entry;
+  } else if (Object.isExtensible(holder)) {
+    Object.defineProperty(holder, kEntry, { value: entry, writable: true, enumerable: false });
   }
   return entry;
+}
+
+/** AttributeSchema of the publishing manager, or null when it publishes no attributes. */
+let schema = null;
+
+/**
+ * Whether a cached entry can be published as is: built for the current
+ * schema, and its span's configured attributes unchanged since.
+ */
+function isFresh(entry) {
+  return entry === view.NO_SPAN || (entry.schema === schema && (schema === null || schema.isCurrent(entry.attributes)));
 }
 
 function entryForSpan(span) {
   if (span === undefined) return view.NO_SPAN;
   const cached = span[kEntry];
-  if (cached !== undefined) return cached;
+  if (cached !== undefined && isFresh(cached)) return cached;
   const sc = span.spanContext();
-  const entry = isSpanContextValid(sc) ? view.entryFromIds(sc.traceId, sc.spanId, sc.traceFlags) : view.NO_SPAN;
-  return cache(span, entry);
+  if (!isSpanContextValid(sc)) return cache(span, view.NO_SPAN);
+  const attributes = schema === null ? null : schema.encode(span);
+  return cache(span, view.entryFromIds(sc.traceId, sc.spanId, sc.traceFlags, schema, attributes));
 }
 
-/** The record entry for a context: parsed once per span, then one property load. */
+/**
+ * The record entry for a context: parsed once per span, then one property
+ * load (plus, with attributes configured, one comparison per attribute).
+ */
 function entryForContext(ctx) {
   if (ctx === undefined || ctx === null) return view.NO_SPAN;
   const cached = ctx[kEntry];
-  if (cached !== undefined) return cached;
+  if (cached !== undefined && isFresh(cached)) return cached;
   return cache(ctx, entryForSpan(trace.getSpan(ctx)));
 }
 
@@ -54,9 +72,18 @@ function publishContext(ctx) {
 }
 
 class ProfilingContextManager extends AsyncLocalStorageContextManager {
-  constructor() {
+  /**
+   * @param {{ attributes?: string[] }} [options] `attributes`: span attribute
+   *   keys to publish in the record (e.g. 'http.route') when present.
+   */
+  constructor(options = {}) {
+    if (options === null || typeof options !== 'object') {
+      throw new TypeError('The "options" argument must be an object');
+    }
+    const keys = validateKeys(options.attributes);
     super();
     this._publishing = false;
+    this._attributeSchema = keys.length === 0 ? null : new AttributeSchema(keys);
   }
 
   enable() {
@@ -64,6 +91,7 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     if (!this._publishing) {
       this._publishing = true;
       continuations.activate(this, publishContext);
+      schema = this._attributeSchema;
       binding.setClearOnIdle(true);
       publishContext(this._asyncLocalStorage.getStore());
     }
@@ -74,6 +102,7 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     if (this._publishing) {
       this._publishing = false;
       if (continuations.deactivate(this)) {
+        schema = null;
         binding.setClearOnIdle(false);
         publishedContext = undefined;
         view.publish(view.NO_SPAN);

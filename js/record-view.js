@@ -10,6 +10,7 @@ const binding = require('./binding');
 
 const OFFSET_VALID = 24;
 const OFFSET_TRACE_FLAGS = 25;
+const OFFSET_ATTRS_DATA = 28;
 const ATTRS_SIZE_INDEX_U16 = 13; // byte offset 26
 
 const buffer = binding.recordBuffer();
@@ -19,7 +20,7 @@ const halfWords = new Uint16Array(buffer, 0, 14);
 
 /** The bytes one span context publishes, in host-endian words ready to store. */
 class RecordEntry {
-  constructor(valid, w0, w1, w2, w3, w4, w5, traceFlags) {
+  constructor(valid, w0, w1, w2, w3, w4, w5, traceFlags, schema = null, attributes = null) {
     this.valid = valid;
     this.w0 = w0;
     this.w1 = w1;
@@ -28,6 +29,11 @@ class RecordEntry {
     this.w4 = w4;
     this.w5 = w5;
     this.traceFlags = traceFlags;
+    /** The AttributeSchema `attributes` was encoded for (null: none). */
+    this.schema = schema;
+    /** EncodedAttributes (js/span-attributes.js) or null. */
+    this.attributes = attributes;
+    this.attrsSize = attributes === null ? 0 : attributes.bytes.length;
   }
 }
 
@@ -36,10 +42,11 @@ const NO_SPAN = Object.freeze(new RecordEntry(0, 0, 0, 0, 0, 0, 0, 0));
 const HEX_ID = /^[0-9a-f]+$/;
 
 /**
- * Builds the entry for a W3C span context (32 + 16 lowercase hex digits).
- * Returns NO_SPAN for ids that are malformed or all zero.
+ * Builds the entry for a W3C span context (32 + 16 lowercase hex digits) and
+ * optional encoded attributes. Returns NO_SPAN for ids that are malformed or
+ * all zero.
  */
-function entryFromIds(traceId, spanId, traceFlags) {
+function entryFromIds(traceId, spanId, traceFlags, schema = null, attributes = null) {
   if (
     typeof traceId !== 'string' || traceId.length !== 32 || !HEX_ID.test(traceId) ||
     typeof spanId !== 'string' || spanId.length !== 16 || !HEX_ID.test(spanId) ||
@@ -51,7 +58,7 @@ function entryFromIds(traceId, spanId, traceFlags) {
   for (let i = 0; i < 16; i++) scratch[i] = parseInt(traceId.substr(i * 2, 2), 16);
   for (let i = 0; i < 8; i++) scratch[16 + i] = parseInt(spanId.substr(i * 2, 2), 16);
   const w = new Uint32Array(scratch.buffer);
-  return new RecordEntry(1, w[0], w[1], w[2], w[3], w[4], w[5], traceFlags & 0xff);
+  return new RecordEntry(1, w[0], w[1], w[2], w[3], w[4], w[5], traceFlags & 0xff, schema, attributes);
 }
 
 let lastEntry = NO_SPAN;
@@ -79,7 +86,8 @@ function publish(entry) {
   words[4] = entry.w4;
   words[5] = entry.w5;
   bytes[OFFSET_TRACE_FLAGS] = entry.traceFlags;
-  halfWords[ATTRS_SIZE_INDEX_U16] = 0;
+  if (entry.attrsSize !== 0) bytes.set(entry.attributes.bytes, OFFSET_ATTRS_DATA);
+  halfWords[ATTRS_SIZE_INDEX_U16] = entry.attrsSize;
   // ORDER: every field above is written before the record becomes valid.
   bytes[OFFSET_VALID] = 1;
 }

@@ -1,0 +1,142 @@
+'use strict';
+// Span attributes in the record: configured keys, indexes from the process
+// context's key map, UTF-8 truncation, the 640-byte bound, and the rule for
+// attributes set after a span was attached.
+const test = require('node:test');
+const assert = require('node:assert');
+const { context } = require('@opentelemetry/api');
+const { BasicTracerProvider } = require('@opentelemetry/sdk-trace-base');
+const { ProfilingContextManager, threadInfo } = require('..');
+const { readFullRecord } = require('./helpers');
+const otelCtx = require('./fixtures/otel-ctx-reader');
+
+const ROUTE = 'http.route';
+const METHOD = 'http.request.method';
+const LONG_KEYS = ['x.long.a', 'x.long.b', 'x.long.c', 'x.long.d'];
+const manager = new ProfilingContextManager({ attributes: [ROUTE, METHOD, 'x.text', ...LONG_KEYS] });
+context.setGlobalContextManager(manager.enable());
+const tracer = new BasicTracerProvider().getTracer('attributes-test');
+
+/** The key map as an outside reader decodes it from the OTEL_CTX mapping. */
+function keyMap() {
+  const [mapping] = otelCtx.findMappings('self');
+  assert.ok(mapping, 'no OTEL_CTX mapping');
+  const reader = new otelCtx.MemoryReader('self');
+  try {
+    const { bytes } = reader.readConsistent(mapping.start);
+    const keys = otelCtx.decodePayload(bytes).attributes['threadlocal.attribute_key_map'];
+    assert.ok(Array.isArray(keys), 'threadlocal.attribute_key_map missing');
+    return keys;
+  } finally {
+    reader.close();
+  }
+}
+
+/** The calling thread's record, attributes decoded through the key map. */
+function published() {
+  const record = readFullRecord('self', threadInfo().recordAddress);
+  const keys = keyMap();
+  const attributes = {};
+  for (const { keyIndex, value } of record.attrs) {
+    assert.ok(keyIndex < keys.length, `key index ${keyIndex} not in the key map`);
+    attributes[keys[keyIndex]] = value.toString('utf8');
+  }
+  return { ...record, attributes };
+}
+
+test('configured attributes are published, decoded through the key map', () => {
+  tracer.startActiveSpan('GET', { attributes: { [METHOD]: 'GET', 'not.configured': 'x' } }, (span) => {
+    const r = published();
+    assert.strictEqual(r.valid, 1);
+    assert.strictEqual(r.spanId, span.spanContext().spanId);
+    assert.deepStrictEqual(r.attributes, { [METHOD]: 'GET' });
+    span.end();
+  });
+});
+
+test('a route set after span start is published when the span is resumed', async () => {
+  await tracer.startActiveSpan('request', { attributes: { [METHOD]: 'POST' } }, async (span) => {
+    assert.deepStrictEqual(published().attributes, { [METHOD]: 'POST' });
+    span.setAttribute(ROUTE, '/users/:id'); // as routing does, after the span started
+    await null; // resumed: the new value is published
+    const r = published();
+    assert.strictEqual(r.spanId, span.spanContext().spanId);
+    assert.deepStrictEqual(r.attributes, { [ROUTE]: '/users/:id', [METHOD]: 'POST' });
+
+    span.setAttribute(ROUTE, '/users/:id/posts');
+    await new Promise((resolve) => setTimeout(resolve, 1)); // resumed from a timer
+    assert.deepStrictEqual(published().attributes, { [ROUTE]: '/users/:id/posts', [METHOD]: 'POST' });
+
+    // Entering a context that holds the span publishes the change too.
+    span.setAttribute(METHOD, 'PUT');
+    context.with(context.active(), () => assert.strictEqual(published().attributes[METHOD], 'PUT'));
+    span.end();
+  });
+});
+
+test('child spans publish their own attributes and the parent\'s come back', async () => {
+  await tracer.startActiveSpan('parent', { attributes: { [ROUTE]: '/parent' } }, async (parent) => {
+    await tracer.startActiveSpan('child', { attributes: { [ROUTE]: '/child' } }, async (child) => {
+      await null;
+      assert.deepStrictEqual(published().attributes, { [ROUTE]: '/child' });
+      child.end();
+    });
+    await null;
+    assert.deepStrictEqual(published().attributes, { [ROUTE]: '/parent' });
+    parent.end();
+  });
+});
+
+test('numbers and booleans are published as text; arrays are not', () => {
+  tracer.startActiveSpan('typed', { attributes: { [ROUTE]: 42, [METHOD]: true, 'x.text': ['a', 'b'] } }, (span) => {
+    assert.deepStrictEqual(published().attributes, { [ROUTE]: '42', [METHOD]: 'true' });
+    span.end();
+  });
+});
+
+const truncationCases = [
+  ['2-byte characters', 'é'.repeat(150), 'é'.repeat(127)], // 300 bytes -> 254, not 255
+  ['3-byte characters', '€'.repeat(100), '€'.repeat(85)], // 300 bytes -> 255 exactly
+  ['4-byte characters', '😀'.repeat(70), '😀'.repeat(63)], // 280 bytes -> 252
+  ['ASCII', 'a'.repeat(400), 'a'.repeat(255)],
+  ['exactly 255 bytes', 'b'.repeat(255), 'b'.repeat(255)],
+];
+for (const [name, value, expected] of truncationCases) {
+  test(`values over 255 bytes are cut on a UTF-8 boundary: ${name}`, () => {
+    tracer.startActiveSpan('long', { attributes: { 'x.text': value } }, (span) => {
+      const r = published();
+      assert.strictEqual(r.attributes['x.text'], expected);
+      assert.ok(Buffer.byteLength(r.attributes['x.text']) <= 255);
+      span.end();
+    });
+  });
+}
+
+test('the record never exceeds 640 bytes', () => {
+  const attributes = Object.fromEntries(LONG_KEYS.map((k) => [k, 'z'.repeat(300)]));
+  attributes['x.text'] = 'short';
+  tracer.startActiveSpan('big', { attributes }, (span) => {
+    const r = published();
+    assert.ok(28 + r.attrsDataSize <= 640, `record is ${28 + r.attrsDataSize} bytes`);
+    // Whole entries only: every published value is complete (255 bytes) or
+    // the short one; attributes that did not fit are left out entirely.
+    for (const [key, value] of Object.entries(r.attributes)) {
+      assert.strictEqual(value, key === 'x.text' ? 'short' : 'z'.repeat(255));
+    }
+    assert.strictEqual(r.attributes['x.text'], 'short', 'a short attribute still fits after the long ones');
+    assert.strictEqual(Object.keys(r.attributes).length, 3); // two 257-byte entries + the short one
+    span.end();
+  });
+});
+
+test('invalid options throw and nothing is published', () => {
+  const before = published();
+  assert.throws(() => new ProfilingContextManager({ attributes: 'http.route' }), TypeError);
+  assert.throws(() => new ProfilingContextManager({ attributes: [1] }), TypeError);
+  assert.throws(() => new ProfilingContextManager(null), TypeError);
+  assert.throws(() => new ProfilingContextManager({ attributes: [''] }), RangeError);
+  assert.throws(() => new ProfilingContextManager({ attributes: ['a', 'a'] }), RangeError);
+  assert.throws(() => new ProfilingContextManager({ attributes: Array.from({ length: 257 }, (_, i) => `k${i}`) }), RangeError);
+  const after = published();
+  assert.deepStrictEqual(after, before);
+});
