@@ -1,0 +1,74 @@
+'use strict';
+// http: the server under load. With manager 'stock' or 'ours' it traces
+// every request with the OpenTelemetry Node SDK (NodeTracerProvider, the
+// http instrumentation, a BatchSpanProcessor with an exporter that drops the
+// spans); with 'none' it runs the same handler without any tracing.
+// The handler does a little JSON work and one await.
+//
+// Prints {"port", "pid"} once listening on 127.0.0.1; on stdin end or
+// SIGTERM it prints {"spans"} (spans exported) and exits.
+//
+// params: { manager }
+
+const { params, report, createManager } = require('../lib/common');
+
+const { manager } = params();
+let exported = 0;
+let provider = null;
+
+if (manager !== 'none') {
+  const { NodeTracerProvider, BatchSpanProcessor } = require('@opentelemetry/sdk-trace-node');
+  const { registerInstrumentations } = require('@opentelemetry/instrumentation');
+  const { HttpInstrumentation } = require('@opentelemetry/instrumentation-http');
+  const exporter = {
+    export(spans, done) {
+      exported += spans.length;
+      done({ code: 0 });
+    },
+    shutdown: () => Promise.resolve(),
+    forceFlush: () => Promise.resolve(),
+  };
+  provider = new NodeTracerProvider({ spanProcessors: [new BatchSpanProcessor(exporter)] });
+  provider.register({ contextManager: createManager(manager) });
+  registerInstrumentations({ tracerProvider: provider, instrumentations: [new HttpInstrumentation()] });
+}
+
+// Required after the instrumentation is registered, so it is patched.
+const http = require('node:http');
+
+const TEMPLATE = JSON.stringify({
+  user: { id: 0, name: 'benchmark', roles: ['reader', 'writer'] },
+  items: Array.from({ length: 8 }, (_, i) => ({ sku: `item-${i}`, qty: i + 1, price: 9.5 * (i + 1) })),
+});
+let served = 0;
+
+async function lookup(order) {
+  return order.items.reduce((sum, item) => sum + item.qty * item.price, 0);
+}
+
+const server = http.createServer(async (req, res) => {
+  const order = JSON.parse(TEMPLATE);
+  order.user.id = ++served;
+  order.total = await lookup(order);
+  const body = JSON.stringify(order);
+  res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
+  res.end(body);
+});
+
+server.listen(0, '127.0.0.1', () => {
+  report({ port: server.address().port, pid: process.pid });
+});
+
+let stopping = false;
+async function stop() {
+  if (stopping) return;
+  stopping = true;
+  server.close();
+  server.closeAllConnections?.();
+  if (provider !== null) await provider.shutdown();
+  report({ spans: exported, served });
+  process.exit(0);
+}
+process.on('SIGTERM', stop);
+process.stdin.on('end', stop);
+process.stdin.resume();

@@ -1,0 +1,82 @@
+'use strict';
+// Helpers shared by the benchmark cases (the scripts run in child processes).
+//
+// A case is started as `node <case.js> '<json params>'`, measures, and
+// prints exactly one JSON line on stdout as its result.
+
+const path = require('node:path');
+
+const ROOT = path.resolve(__dirname, '..', '..');
+
+/** Parameters passed by bench/run.js as the first argument (JSON). */
+function params() {
+  return process.argv[2] ? JSON.parse(process.argv[2]) : {};
+}
+
+/** Prints the result of a case (the parent reads the last JSON line). */
+function report(result) {
+  process.stdout.write(`${JSON.stringify(result)}\n`);
+}
+
+/**
+ * Creates, enables and installs as global the context manager of `kind`:
+ * 'ours' (ProfilingContextManager), 'stock' (AsyncLocalStorageContextManager)
+ * or 'none' (no context manager at all). The stock process never loads the
+ * addon, so nothing of ours runs there.
+ */
+function installManager(kind) {
+  const manager = createManager(kind);
+  if (manager !== null) {
+    manager.enable();
+    require('@opentelemetry/api').context.setGlobalContextManager(manager);
+  }
+  return manager;
+}
+
+/** Creates (not enabled) the context manager of `kind`, or null for 'none'. */
+function createManager(kind) {
+  switch (kind) {
+    case 'ours':
+      return new (require(ROOT).ProfilingContextManager)();
+    case 'stock':
+      return new (require('@opentelemetry/context-async-hooks').AsyncLocalStorageContextManager)();
+    case 'none':
+      return null;
+    default:
+      throw new Error(`unknown manager kind: ${kind}`);
+  }
+}
+
+/**
+ * A valid, unique W3C span context for `n` (any non-negative integer):
+ * cheap to build, so the cost of making ids is the same small constant for
+ * both managers.
+ */
+function spanContext(n, salt = 0) {
+  const hex = n.toString(16);
+  return {
+    traceId: `${(0x10000000 + salt).toString(16)}${hex.padStart(24, '0')}`,
+    spanId: `1${hex.padStart(15, '0')}`,
+    traceFlags: 1,
+    isRemote: false,
+  };
+}
+
+/** Nanoseconds elapsed since `start` (a process.hrtime.bigint() value). */
+function since(start) {
+  return Number(process.hrtime.bigint() - start);
+}
+
+/** CPU time (user + system) of this process in nanoseconds. */
+function cpuNs() {
+  const u = process.cpuUsage();
+  return (u.user + u.system) * 1000;
+}
+
+function median(values) {
+  const s = [...values].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}
+
+module.exports = { ROOT, params, report, installManager, createManager, spanContext, since, cpuNs, median };

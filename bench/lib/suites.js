@@ -1,0 +1,205 @@
+'use strict';
+// The benchmarks: what each runs per round and variant, and the rows it
+// contributes to the summary table. Every round runs each variant in its own
+// process; `value(round)` turns one round ({ stock, ours, none, direct }
+// results) into one number, and the table shows their median and spread.
+//
+// Targets: `n20` applies to Node < 24, `n24` to Node >= 24 (where
+// AsyncLocalStorage follows V8's continuation-preserved data).
+
+const { runCase, startCase, processCpuNs, canPin } = require('./processes');
+
+const count = (n, { quick, scale }) => Math.max(2, Math.round(n * (quick ? 0.25 : 1) * scale));
+
+const sync = {
+  name: 'sync',
+  variants: ['stock', 'ours'],
+  rounds: { full: 7, quick: 2 },
+  run: (node, manager, opts) =>
+    runCase(node, 'sync', { manager, iterations: count(2e6, opts), batches: opts.quick ? 3 : 5 }),
+  rows: [
+    {
+      label: 'sync context.with() added time per call',
+      unit: 'ns+',
+      value: (r) => r.ours.flatNs - r.stock.flatNs,
+      target: { n20: 15, n24: 15 },
+    },
+    {
+      label: 'sync context.with() nested 3 deep, added time per with()',
+      unit: 'ns+',
+      value: (r) => (r.ours.nestedNs - r.stock.nestedNs) / 3,
+      target: { n20: 15, n24: 15 },
+    },
+  ],
+  details: [
+    { label: 'sync with(): ns per call', field: 'flatNs', unit: 'ns' },
+    { label: 'sync nested 3 deep: ns per outer call', field: 'nestedNs', unit: 'ns' },
+  ],
+};
+
+const async = {
+  name: 'async',
+  variants: ['stock', 'ours'],
+  rounds: { full: 7, quick: 2 },
+  run: (node, manager, opts) =>
+    runCase(node, 'async', { manager, chains: count(20000, opts), concurrency: 100, batches: opts.quick ? 2 : 5 }),
+  rows: [
+    {
+      label: 'async chains, 100 concurrent (ours/stock)',
+      unit: 'ratio',
+      value: (r) => r.ours.nsPerChain / r.stock.nsPerChain,
+      target: { n20: 1.1, n24: 1.25 },
+    },
+  ],
+  details: [
+    { label: 'async: event-loop busy ns per chain', field: 'nsPerChain', unit: 'ns' },
+    { label: 'async: process CPU ns per chain', field: 'cpuNsPerChain', unit: 'ns' },
+    { label: 'async: wall-clock ns per chain', field: 'wallNsPerChain', unit: 'ns' },
+  ],
+};
+
+const workers = {
+  name: 'workers',
+  variants: ['stock', 'ours'],
+  rounds: { full: 5, quick: 2 },
+  run: (node, manager, opts) =>
+    runCase(node, 'workers', {
+      manager,
+      workers: 4,
+      chains: count(10000, opts),
+      concurrency: 100,
+      batches: opts.quick ? 2 : 4,
+    }),
+  rows: [
+    {
+      label: 'async chains in 4 workers at once (ours/stock)',
+      unit: 'ratio',
+      value: (r) => r.ours.cpuNsPerChain / r.stock.cpuNsPerChain,
+      target: { n20: 1.1, n24: 1.25 },
+    },
+  ],
+  details: [
+    { label: 'workers: process CPU ns per chain', field: 'cpuNsPerChain', unit: 'ns' },
+    { label: 'workers: wall-clock ns per chain (4 threads)', field: 'wallNsPerChain', unit: 'ns' },
+  ],
+};
+
+/** One server process under one fixed-count load; the server on core 0, the load on core 1. */
+async function httpRun(node, manager, opts) {
+  const server = await startCase(node, 'http-server', { manager }, { core: 0 });
+  try {
+    const url = `http://127.0.0.1:${server.first.port}/`;
+    const load = { url, connections: 10 };
+    // The load generator runs on the Node that runs this script, whatever Node the server runs.
+    await runCase(process.execPath, 'http-load', { ...load, amount: count(10000, opts) }, { core: 1 });
+    const cpu0 = processCpuNs(server.first.pid);
+    const result = await runCase(process.execPath, 'http-load', { ...load, amount: count(30000, opts) }, { core: 1 });
+    const cpu = processCpuNs(server.first.pid) - cpu0;
+    const end = await server.stop();
+    if (result.errors > 0) throw new Error(`http ${manager}: ${result.errors} failed requests`);
+    return { ...result, cpuNsPerRequest: cpu / result.requests, spans: end && end.spans, pinned: canPin };
+  } finally {
+    server.child.kill('SIGKILL');
+  }
+}
+
+const http = {
+  name: 'http',
+  variants: ['none', 'stock', 'ours'],
+  rounds: { full: 5, quick: 1 },
+  run: httpRun,
+  rows: [
+    {
+      label: 'http requests/s (stock/ours)',
+      unit: 'ratio',
+      value: (r) => r.stock.rps / r.ours.rps,
+      target: { n20: 1.03, n24: 1.03 },
+    },
+    {
+      label: 'http p99 latency (ours/stock)',
+      unit: 'ratio',
+      value: (r) => r.ours.p99Ms / r.stock.p99Ms,
+      target: { n20: 1.03, n24: 1.03 },
+    },
+    {
+      label: 'http server CPU per request (ours/stock)',
+      unit: 'ratio',
+      value: (r) => r.ours.cpuNsPerRequest / r.stock.cpuNsPerRequest,
+      target: { n20: 1.03, n24: 1.03 },
+    },
+    {
+      label: 'http server CPU per request, stock tracing/no tracing',
+      unit: 'ratio',
+      value: (r) => r.stock.cpuNsPerRequest / r.none.cpuNsPerRequest,
+      target: null,
+    },
+  ],
+  details: [
+    { label: 'http requests/s', field: 'rps', unit: 'int' },
+    { label: 'http p50 latency', field: 'p50Ms', unit: 'ms' },
+    { label: 'http p99 latency', field: 'p99Ms', unit: 'ms' },
+    { label: 'http server CPU per request', field: 'cpuNsPerRequest', unit: 'us' },
+  ],
+};
+
+const memory = {
+  name: 'memory',
+  variants: ['stock', 'ours'],
+  rounds: { full: 3, quick: 1 },
+  run: (node, manager, opts) =>
+    runCase(node, 'memory', {
+      manager,
+      withCalls: count(2e6, opts),
+      awaits: count(1e6, opts),
+      chains: count(20000, opts),
+    }),
+  rows: [
+    {
+      label: 'bytes per with() call (ours − stock)',
+      unit: 'B+',
+      value: (r) => r.ours.withBytes - r.stock.withBytes,
+      target: { n20: 0, n24: 0 },
+    },
+    {
+      label: 'bytes per await continuation (ours − stock)',
+      unit: 'B+',
+      value: (r) => r.ours.awaitBytes - r.stock.awaitBytes,
+      target: { n20: 0, n24: 0 },
+    },
+    {
+      label: 'bytes per chain incl. its new span (ours − stock)',
+      unit: 'B+',
+      value: (r) => r.ours.chainBytes - r.stock.chainBytes,
+      target: null,
+    },
+    {
+      label: 'RSS growth over the measured phases (ours − stock)',
+      unit: 'MB+',
+      value: (r) => r.ours.rssGrowth - r.stock.rssGrowth,
+      target: null,
+    },
+  ],
+  details: [
+    { label: 'memory: bytes per with() call', field: 'withBytes', unit: 'B' },
+    { label: 'memory: bytes per await continuation', field: 'awaitBytes', unit: 'B' },
+    { label: 'memory: bytes per chain', field: 'chainBytes', unit: 'B' },
+    { label: 'memory: RSS growth', field: 'rssGrowth', unit: 'MB' },
+  ],
+};
+
+const direct = {
+  name: 'direct',
+  variants: ['direct'],
+  rounds: { full: 5, quick: 2 },
+  run: (node, variant, opts) => runCase(node, 'direct', { iterations: count(5e6, opts), batches: opts.quick ? 3 : 5 }),
+  rows: [
+    { label: 'setSpanContext() per call', unit: 'ns', value: (r) => r.direct.setSpanContextNs, target: { n20: 50, n24: 50 } },
+    { label: 'clearSpanContext() per call', unit: 'ns', value: (r) => r.direct.clearSpanContextNs, target: null },
+    { label: 'record-view publish() per transition', unit: 'ns', value: (r) => r.direct.publishNs, target: null },
+  ],
+  details: [],
+};
+
+const SUITES = [sync, async, http, memory, direct, workers];
+
+module.exports = { SUITES };
