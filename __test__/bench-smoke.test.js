@@ -1,0 +1,37 @@
+'use strict';
+// Smoke test of the benchmark harness: it runs and prints a table with
+// numbers. Tiny iteration counts; no timing is asserted.
+const { test } = require('node:test');
+const assert = require('node:assert');
+const { spawnSync } = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+
+const ROOT = path.resolve(__dirname, '..');
+
+test('bench/run.js --quick prints a table of numbers and writes JSON', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-bench-'));
+  const json = path.join(dir, 'results.json');
+  try {
+    const r = spawnSync(
+      process.execPath,
+      ['bench/run.js', '--quick', '--only', 'direct,sync', '--scale', '0.01', '--node', process.execPath, '--json', json],
+      { cwd: ROOT, encoding: 'utf8', timeout: 60000 },
+    );
+    assert.strictEqual(r.status, 0, r.stderr);
+    const lines = r.stdout.split('\n');
+    const header = lines.find((l) => l.startsWith('| benchmark |'));
+    assert.ok(header && header.includes(`Node ${process.versions.node}`), r.stdout);
+    for (const label of ['setSpanContext() per call', 'sync context.with() added time per call']) {
+      const row = lines.find((l) => l.startsWith(`| ${label} |`));
+      assert.ok(row, `no row for ${label}:\n${r.stdout}`);
+      assert.match(row, /[+-]?\d+\.\d+ ns/);
+    }
+    const results = JSON.parse(fs.readFileSync(json, 'utf8'));
+    const rows = results.results.direct[process.versions.node].rows;
+    assert.ok(rows.every((row) => Number.isFinite(row.median) && row.median > 0));
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
