@@ -1,1 +1,145 @@
-fn main() {}
+//! `otel-thread-ctx`: reads OTEP 4947 thread context and OTEP 4719 process
+//! context from a running process, from the outside, as a profiler would.
+//!
+//! Exit status: 0 = the process publishes conformant thread context (or the
+//! sample run completed), 1 = it does not (the reason is printed),
+//! 2 = usage or permission error (including a nonexistent pid).
+
+mod discovery;
+mod elf;
+mod inspect;
+mod maps;
+mod memory;
+mod output;
+mod process_context;
+mod ptrace;
+mod record;
+mod sample;
+mod signals;
+mod target;
+mod thread;
+mod tls;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "otel-thread-ctx", version, about = "Reads OpenTelemetry thread context (OTEP 4947) from a running process")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Conformance report: symbol, access model, process context, every thread's record.
+    Inspect {
+        /// Process to read.
+        #[arg(long)]
+        pid: i32,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Longest wait for one thread to stop, in milliseconds.
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+        stop_timeout_ms: u64,
+    },
+    /// Stops and reads every thread F times a second and reports span shares.
+    Sample {
+        /// Process to read.
+        #[arg(long)]
+        pid: i32,
+        /// Sampling rounds per second (each round reads every thread once).
+        #[arg(long, value_parser = parse_hz)]
+        hz: f64,
+        /// How long to sample, in seconds.
+        #[arg(long, value_parser = parse_duration)]
+        duration: f64,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Print one JSON line per read on stdout (the summary goes to stderr).
+        #[arg(long)]
+        raw: bool,
+        /// Longest wait for one thread to stop, in milliseconds.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+        stop_timeout_ms: u64,
+    },
+}
+
+fn parse_hz(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 100_000.0 => Ok(v),
+        _ => Err("must be a number in (0, 100000]".into()),
+    }
+}
+
+fn parse_duration(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err("must be a number of seconds in (0, 86400]".into()),
+    }
+}
+
+/// Prints to stdout; a closed stdout is not worth a panic.
+fn emit(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|_| out.flush());
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    signals::install_handlers();
+    match cli.command {
+        Command::Inspect { pid, json, stop_timeout_ms } => match inspect::run(pid, Duration::from_millis(stop_timeout_ms)) {
+            Err(target::Fatal(e)) => {
+                eprintln!("otel-thread-ctx: {e}");
+                ExitCode::from(2)
+            }
+            Ok(report) => {
+                if json {
+                    emit(&(serde_json::to_string_pretty(&report).expect("report serializes") + "\n"));
+                } else {
+                    emit(&output::inspect(&report));
+                }
+                ExitCode::from(if report.conformant { 0 } else { 1 })
+            }
+        },
+        Command::Sample { pid, hz, duration, json, raw, stop_timeout_ms } => {
+            let opts = sample::Options {
+                pid,
+                hz,
+                duration: Duration::from_secs_f64(duration),
+                stop_timeout: Duration::from_millis(stop_timeout_ms),
+            };
+            let mut stdout = std::io::stdout().lock();
+            let result = sample::run(&opts, if raw { Some(&mut stdout as &mut dyn Write) } else { None });
+            drop(stdout);
+            match result {
+                Err(target::Fatal(e)) => {
+                    eprintln!("otel-thread-ctx: {e}");
+                    ExitCode::from(2)
+                }
+                Ok(Err(reason)) => {
+                    eprintln!("otel-thread-ctx: pid {pid} publishes no readable thread context: {reason}");
+                    ExitCode::from(1)
+                }
+                Ok(Ok(summary)) => {
+                    let text = if json { serde_json::to_string_pretty(&summary).expect("summary serializes") + "\n" } else { output::sample(&summary) };
+                    if raw {
+                        eprint!("{text}");
+                    } else {
+                        emit(&text);
+                    }
+                    match summary.interrupted_by_signal {
+                        Some(sig) => ExitCode::from(128u8.wrapping_add(sig as u8)),
+                        None => ExitCode::SUCCESS,
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! Stopping one thread of another process, reading its thread pointer, and
+//! letting it go: `PTRACE_SEIZE` + `PTRACE_INTERRUPT`, wait for the stop,
+//! then `PTRACE_DETACH`.
+//!
+//! Guarantees: a thread this module stopped is detached when its [`Stopped`]
+//! guard is dropped, on every path (errors, panics unwinding, termination
+//! signals, which only set a flag). A thread that does not reach its stop
+//! within the timeout (e.g. in uninterruptible sleep) is remembered and
+//! detached as soon as it stops; whatever is still attached when the reader
+//! exits is detached by the kernel.
+
+use std::time::{Duration, Instant};
+
+/// Why a thread could not be stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopError {
+    /// The thread exited.
+    Gone,
+    /// The reader lacks the privilege to trace the target.
+    Permission(String),
+    /// Another tracer (debugger, strace) holds the thread.
+    Busy(String),
+    /// The thread did not stop in time; it will be released later.
+    Timeout(Duration),
+    Other(String),
+}
+
+impl std::fmt::Display for StopError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopError::Gone => write!(f, "thread exited"),
+            StopError::Permission(s) | StopError::Busy(s) | StopError::Other(s) => f.write_str(s),
+            StopError::Timeout(d) => write!(f, "thread did not stop within {} ms", d.as_millis()),
+        }
+    }
+}
+
+/// Owns the ptrace relationship with the target's threads. All calls must
+/// come from the thread that created it (ptrace binds a tracee to one tracer
+/// thread); the reader is single-threaded.
+pub struct Tracer {
+    timeout: Duration,
+    /// Threads seized and interrupted whose stop we have not seen yet.
+    pending: Vec<i32>,
+}
+
+/// Durations of one stop.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StopTimes {
+    /// From `PTRACE_INTERRUPT` to observing the stop.
+    pub to_stop: Duration,
+    /// From observing the stop to the end of `PTRACE_DETACH`: how long the
+    /// thread was certainly held.
+    pub held: Duration,
+}
+
+/// A thread in a ptrace-stop. Dropping it detaches the thread.
+pub struct Stopped<'t> {
+    tid: i32,
+    /// Signal that arrived while we held the thread; re-delivered on detach.
+    deliver: i32,
+    interrupted_at: Instant,
+    stopped_at: Instant,
+    released: bool,
+    _tracer: &'t mut Tracer,
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn ptrace(request: libc::c_uint, tid: i32, addr: usize, data: usize) -> libc::c_long {
+    // SAFETY: the requests used here take integer arguments or pointers to
+    // buffers owned by the caller for the duration of the call.
+    unsafe { libc::ptrace(request, tid, addr, data) }
+}
+
+/// Blocking `waitpid` for `tid` that returns `None` once `deadline` passes.
+/// A periodic SIGALRM makes the wait return EINTR so the deadline is checked
+/// even if one alarm fires before the call blocks.
+fn wait_stop(tid: i32, deadline: Instant, blocking: bool) -> Option<i32> {
+    let slice = libc::timeval { tv_sec: 0, tv_usec: 2000 };
+    let timer = libc::itimerval { it_interval: slice, it_value: slice };
+    if blocking {
+        // SAFETY: plain system call with a valid itimerval.
+        unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
+    }
+    let mut status = 0;
+    let result = loop {
+        let flags = libc::__WALL | if blocking { 0 } else { libc::WNOHANG };
+        // SAFETY: `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(tid, &mut status, flags) };
+        if r == tid {
+            break Some(status);
+        }
+        if r == 0 || (r < 0 && errno() != libc::EINTR) {
+            // WNOHANG and nothing yet, or a real error (ECHILD: not ours).
+            break if r < 0 { Some(-1) } else { None };
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
+    };
+    if blocking {
+        let off = libc::itimerval { it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 }, it_value: libc::timeval { tv_sec: 0, tv_usec: 0 } };
+        // SAFETY: as above; disarms the timer.
+        unsafe { libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut()) };
+    }
+    result
+}
+
+/// What a wait status means for us.
+enum Waited {
+    /// In a ptrace-stop; the signal to re-deliver on detach (0 if none).
+    Stopped(i32),
+    Gone,
+}
+
+fn classify(status: i32) -> Waited {
+    if status == -1 || libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+        return Waited::Gone;
+    }
+    let event = (status >> 16) & 0xff;
+    if event == libc::PTRACE_EVENT_STOP {
+        // Our interrupt, or a group-stop: nothing to re-deliver (the kernel
+        // keeps a group-stop in force after detach).
+        Waited::Stopped(0)
+    } else {
+        // A signal-delivery-stop: the thread got a signal while seized.
+        Waited::Stopped(libc::WSTOPSIG(status))
+    }
+}
+
+fn tracer_of(tid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("TracerPid:")).and_then(|v| v.trim().parse().ok())
+}
+
+impl Tracer {
+    /// A tracer that waits at most `timeout` for each thread to stop.
+    pub fn new(timeout: Duration) -> Tracer {
+        Tracer { timeout, pending: Vec::new() }
+    }
+
+    /// Stops `tid`. The returned guard detaches it when dropped.
+    pub fn stop(&mut self, tid: i32) -> Result<Stopped<'_>, StopError> {
+        self.settle_pending();
+        if self.pending.contains(&tid) {
+            return Err(StopError::Other("thread still has not reached an earlier stop".into()));
+        }
+        if ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
+            return Err(match errno() {
+                libc::ESRCH => StopError::Gone,
+                libc::EPERM => match tracer_of(tid) {
+                    Some(t) if t != 0 => StopError::Busy(format!("thread is already traced by pid {t}")),
+                    _ => StopError::Permission(
+                        "permission denied by ptrace (run as root, or as the target's user with kernel.yama.ptrace_scope=0, or grant CAP_SYS_PTRACE)".into(),
+                    ),
+                },
+                e => StopError::Other(format!("PTRACE_SEIZE: {}", std::io::Error::from_raw_os_error(e))),
+            });
+        }
+        let interrupted_at = Instant::now();
+        if ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) != 0 {
+            let e = errno();
+            // Seized but not interruptible: it can only have exited.
+            return Err(if e == libc::ESRCH { StopError::Gone } else { StopError::Other(format!("PTRACE_INTERRUPT: errno {e}")) });
+        }
+        let deadline = interrupted_at + self.timeout;
+        match wait_stop(tid, deadline, true).map(classify) {
+            Some(Waited::Stopped(deliver)) => Ok(Stopped {
+                tid,
+                deliver,
+                interrupted_at,
+                stopped_at: Instant::now(),
+                released: false,
+                _tracer: self,
+            }),
+            Some(Waited::Gone) => Err(StopError::Gone),
+            None => {
+                self.pending.push(tid);
+                Err(StopError::Timeout(self.timeout))
+            }
+        }
+    }
+
+    /// Detaches threads that reached their stop after a timeout.
+    pub fn settle_pending(&mut self) {
+        self.pending.retain(|&tid| match wait_stop(tid, Instant::now(), false).map(classify) {
+            Some(Waited::Stopped(deliver)) => {
+                ptrace(libc::PTRACE_DETACH, tid, 0, deliver as usize);
+                false
+            }
+            Some(Waited::Gone) => false,
+            None => true,
+        });
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        let until = Instant::now() + Duration::from_secs(1);
+        while !self.pending.is_empty() && Instant::now() < until {
+            self.settle_pending();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Anything still pending is detached by the kernel when we exit.
+    }
+}
+
+impl Stopped<'_> {
+    /// The thread pointer (`fs_base` on x86-64).
+    #[cfg(target_arch = "x86_64")]
+    pub fn thread_pointer(&self) -> Result<u64, String> {
+        // SAFETY: user_regs_struct is plain data; zeroed is a valid value.
+        let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        if ptrace(libc::PTRACE_GETREGS, self.tid, 0, &mut regs as *mut _ as usize) != 0 {
+            return Err(format!("PTRACE_GETREGS: {}", std::io::Error::last_os_error()));
+        }
+        Ok(regs.fs_base)
+    }
+
+    /// The thread pointer (`tpidr_el0` on arm64, regset `NT_ARM_TLS`).
+    #[cfg(target_arch = "aarch64")]
+    pub fn thread_pointer(&self) -> Result<u64, String> {
+        const NT_ARM_TLS: usize = 0x401;
+        let mut tpidr = 0u64;
+        let mut iov = libc::iovec { iov_base: (&mut tpidr as *mut u64).cast(), iov_len: 8 };
+        if ptrace(libc::PTRACE_GETREGSET, self.tid, NT_ARM_TLS, &mut iov as *mut _ as usize) != 0 {
+            return Err(format!("PTRACE_GETREGSET(NT_ARM_TLS): {}", std::io::Error::last_os_error()));
+        }
+        Ok(tpidr)
+    }
+
+    /// Detaches now and reports how long the stop lasted.
+    pub fn release(mut self) -> StopTimes {
+        self.detach();
+        let done = Instant::now();
+        StopTimes { to_stop: self.stopped_at - self.interrupted_at, held: done - self.stopped_at }
+    }
+
+    fn detach(&mut self) {
+        if !self.released {
+            self.released = true;
+            // If the thread was killed meanwhile this fails with ESRCH, which
+            // is fine: there is nothing left to release.
+            ptrace(libc::PTRACE_DETACH, self.tid, 0, self.deliver as usize);
+        }
+    }
+}
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}

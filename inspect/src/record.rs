@@ -1,0 +1,171 @@
+//! The OTEP 4947 Thread-Local Context Record, as a reader sees it.
+
+use crate::memory::Memory;
+
+/// Bytes of the fixed header: ids, valid, flags, attrs_data_size.
+pub const HEADER_SIZE: usize = 28;
+/// Largest `attrs_data` a reader accepts: a 640-byte record minus its header.
+pub const MAX_ATTRS_DATA: usize = 640 - HEADER_SIZE;
+
+/// The decoded 28-byte header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    /// 1 = valid; any other value means "ignore this record".
+    pub valid: u8,
+    pub trace_flags: u8,
+    pub attrs_data_size: u16,
+}
+
+impl Header {
+    /// Decodes the header bytes (host endianness for the size field).
+    pub fn parse(b: &[u8; HEADER_SIZE]) -> Header {
+        Header {
+            trace_id: b[0..16].try_into().unwrap(),
+            span_id: b[16..24].try_into().unwrap(),
+            valid: b[24],
+            trace_flags: b[25],
+            attrs_data_size: u16::from_ne_bytes([b[26], b[27]]),
+        }
+    }
+
+    /// True when the record must be used (valid byte is exactly 1).
+    pub fn is_valid(&self) -> bool {
+        self.valid == 1
+    }
+}
+
+/// A record read from the target: header plus, when valid, its attrs_data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub address: u64,
+    pub header: Header,
+    pub attrs_data: Vec<u8>,
+}
+
+/// Reads the record at `address` the way the specification describes: the
+/// header first, then `attrs_data_size` bytes only if the record is valid
+/// (and only when `with_attrs`). Bounded: never more than 640 bytes.
+pub fn read(mem: &dyn Memory, address: u64, with_attrs: bool) -> Result<Record, String> {
+    if address % 2 != 0 {
+        return Err(format!("record pointer {address:#x} is not 2-byte aligned"));
+    }
+    let mut b = [0u8; HEADER_SIZE];
+    mem.read(address, &mut b).map_err(|e| format!("record header: {e}"))?;
+    let header = Header::parse(&b);
+    let mut attrs_data = Vec::new();
+    if header.is_valid() {
+        let size = header.attrs_data_size as usize;
+        if size > MAX_ATTRS_DATA {
+            return Err(format!("attrs_data_size {size} exceeds the {MAX_ATTRS_DATA}-byte limit"));
+        }
+        if with_attrs && size > 0 {
+            attrs_data.resize(size, 0);
+            mem.read(address + HEADER_SIZE as u64, &mut attrs_data).map_err(|e| format!("attrs_data: {e}"))?;
+        }
+    }
+    Ok(Record { address, header, attrs_data })
+}
+
+/// One attribute entry after "last occurrence wins".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attribute {
+    pub key_index: u8,
+    pub value: Vec<u8>,
+}
+
+/// The entries of an `attrs_data` buffer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Attributes {
+    /// One entry per key index, in order of first appearance, holding the
+    /// value of the last occurrence.
+    pub entries: Vec<Attribute>,
+    /// Bytes left at the end that could not hold a complete entry.
+    pub trailing_bytes: usize,
+}
+
+/// Splits `data` into `{u8 key_index; u8 len; u8 value[len]}` entries,
+/// stopping at the first incomplete one.
+pub fn decode_attributes(data: &[u8]) -> Attributes {
+    let mut out = Attributes::default();
+    let mut rest = data;
+    while rest.len() >= 2 && rest.len() >= 2 + rest[1] as usize {
+        let (key_index, len) = (rest[0], rest[1] as usize);
+        let value = rest[2..2 + len].to_vec();
+        match out.entries.iter_mut().find(|e| e.key_index == key_index) {
+            Some(e) => e.value = value,
+            None => out.entries.push(Attribute { key_index, value }),
+        }
+        rest = &rest[2 + len..];
+    }
+    out.trailing_bytes = rest.len();
+    out
+}
+
+/// Lowercase hex of `bytes`, as W3C trace context writes ids.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::fake::FakeMemory;
+
+    fn record_bytes(valid: u8, attrs: &[u8], claimed: u16) -> Vec<u8> {
+        let mut b: Vec<u8> = (1..=24).collect();
+        b.push(valid);
+        b.push(0x01);
+        b.extend_from_slice(&claimed.to_ne_bytes());
+        b.extend_from_slice(attrs);
+        b
+    }
+
+    #[test]
+    fn reads_header_then_attrs_of_a_valid_record() {
+        let mem = FakeMemory::default();
+        let attrs = [0, 3, b'a', b'b', b'c', 1, 0];
+        mem.put(0x1000, &record_bytes(1, &attrs, attrs.len() as u16));
+        let r = read(&mem, 0x1000, true).unwrap();
+        assert!(r.header.is_valid());
+        assert_eq!(hex(&r.header.trace_id), "0102030405060708090a0b0c0d0e0f10");
+        assert_eq!(hex(&r.header.span_id), "1112131415161718");
+        assert_eq!(r.header.trace_flags, 1);
+        assert_eq!(r.attrs_data, attrs);
+    }
+
+    #[test]
+    fn invalid_records_skip_the_attrs_read() {
+        let mem = FakeMemory::default();
+        // Claims attrs that are not mapped: must not be read when valid != 1.
+        mem.put(0x1000, &record_bytes(2, &[], 40));
+        let r = read(&mem, 0x1000, true).unwrap();
+        assert!(!r.header.is_valid());
+        assert!(r.attrs_data.is_empty());
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        let mem = FakeMemory::default();
+        mem.put(0x1000, &record_bytes(1, &[], 613));
+        assert!(read(&mem, 0x1000, true).unwrap_err().contains("exceeds"));
+        assert!(read(&mem, 0x1001, true).unwrap_err().contains("aligned"));
+        assert!(read(&mem, 0x5000, true).is_err());
+        // Valid record whose attrs run into unmapped memory.
+        mem.put(0x2000, &record_bytes(1, &[0, 1], 100));
+        assert!(read(&mem, 0x2000, true).unwrap_err().contains("attrs_data"));
+    }
+
+    #[test]
+    fn last_occurrence_wins_and_partial_entries_stop_parsing() {
+        let a = decode_attributes(&[0, 1, b'x', 2, 2, b'h', b'i', 0, 1, b'y', 5, 9, b'z']);
+        assert_eq!(
+            a.entries,
+            vec![Attribute { key_index: 0, value: b"y".to_vec() }, Attribute { key_index: 2, value: b"hi".to_vec() }]
+        );
+        assert_eq!(a.trailing_bytes, 3);
+        assert_eq!(decode_attributes(&[7]).trailing_bytes, 1);
+        assert_eq!(decode_attributes(&[7, 0]).entries, vec![Attribute { key_index: 7, value: vec![] }]);
+    }
+}

@@ -1,0 +1,261 @@
+//! `otel-thread-ctx sample`: stops and reads every thread F times a second
+//! and reports which span each thread was in, and how often.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::ptrace::Tracer;
+use crate::record;
+use crate::signals;
+use crate::target::{Fatal, Target};
+use crate::thread::{self, Outcome};
+use crate::tls;
+
+/// Layout version of the JSON summary.
+pub const SCHEMA: &str = "otel-thread-ctx.sample/v1";
+
+/// What to do.
+pub struct Options {
+    pub pid: i32,
+    pub hz: f64,
+    pub duration: Duration,
+    pub stop_timeout: Duration,
+}
+
+/// One `--raw` line: a single read of a single thread.
+#[derive(Serialize)]
+pub struct RawSample<'a> {
+    pub tid: i32,
+    /// CLOCK_MONOTONIC nanoseconds at which the thread was stopped.
+    pub t_ns: u64,
+    pub valid: bool,
+    pub trace_id: Option<String>,
+    pub span_id: Option<String>,
+    pub trace_flags: Option<u8>,
+    /// Present only when the read failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'a str>,
+}
+
+/// The summary (`--json` prints exactly this).
+#[derive(Serialize, Debug)]
+pub struct Summary {
+    pub schema: &'static str,
+    pub pid: i32,
+    /// Resolution path used for every read (see the inspect report).
+    pub resolution_path: &'static str,
+    pub requested_hz: f64,
+    pub requested_duration_s: f64,
+    pub elapsed_s: f64,
+    /// Completed rounds (each round reads every thread once).
+    pub rounds: u64,
+    /// rounds / elapsed_s.
+    pub achieved_hz: f64,
+    /// Ticks skipped because a round overran its period.
+    pub missed_ticks: u64,
+    /// Thread reads that stopped a thread.
+    pub reads: u64,
+    pub stop_time: StopStats,
+    /// Set when SIGINT/SIGTERM/SIGHUP/SIGQUIT ended the run early.
+    pub interrupted_by_signal: Option<i32>,
+    pub target_exited: bool,
+    pub threads: Vec<ThreadSummary>,
+}
+
+/// How long threads were held, over all reads (nanoseconds).
+#[derive(Serialize, Debug, Default)]
+pub struct StopStats {
+    /// From observing the stop to the end of PTRACE_DETACH.
+    pub held_median_ns: u64,
+    pub held_p90_ns: u64,
+    pub held_max_ns: u64,
+    /// From PTRACE_INTERRUPT to observing the stop.
+    pub to_stop_median_ns: u64,
+    pub to_stop_p90_ns: u64,
+}
+
+#[derive(Serialize, Debug)]
+pub struct ThreadSummary {
+    pub tid: i32,
+    pub name: String,
+    pub samples: u64,
+    /// Samples with no record or an invalid one.
+    pub idle: u64,
+    pub idle_share: f64,
+    pub errors: u64,
+    /// Valid samples per span, most frequent first.
+    pub spans: Vec<SpanShare>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct SpanShare {
+    pub trace_id: String,
+    pub span_id: String,
+    pub samples: u64,
+    /// samples / thread samples.
+    pub share: f64,
+}
+
+#[derive(Default)]
+struct Tally {
+    samples: u64,
+    idle: u64,
+    errors: u64,
+    spans: HashMap<([u8; 16], [u8; 8]), u64>,
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Sleeps until `t`, returning early if a termination signal arrives.
+fn sleep_until(t: Instant) {
+    while signals::requested().is_none() {
+        let now = Instant::now();
+        if now >= t {
+            return;
+        }
+        let d = t - now;
+        let ts = libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long };
+        // SAFETY: valid timespec; EINTR just loops back to the checks.
+        unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+    }
+}
+
+/// Runs the sampler. With `raw`, writes one JSON line per read to `raw`
+/// (flushed per line). Returns the summary, or `Ok(Err(reason))` when the
+/// process publishes no readable thread context (exit 1).
+pub fn run(opts: &Options, mut raw: Option<&mut dyn Write>) -> Result<Result<Summary, String>, Fatal> {
+    let target = Target::open(opts.pid)?;
+    let Some(module) = &target.module else { return Ok(Err("no module defines otel_thread_ctx_v1".into())) };
+    let resolution = match target.resolution.clone().unwrap() {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(format!("cannot resolve otel_thread_ctx_v1 in {}: {e}", module.path))),
+    };
+    let period = Duration::from_secs_f64(1.0 / opts.hz);
+    let mut tracer = Tracer::new(opts.stop_timeout);
+    let mut tallies: BTreeMap<i32, Tally> = BTreeMap::new();
+    let mut held = Vec::new();
+    let mut to_stop = Vec::new();
+    let (mut rounds, mut missed, mut reads) = (0u64, 0u64, 0u64);
+    let mut target_exited = false;
+    let start = Instant::now();
+    let end = start + opts.duration;
+    let mut next = start;
+    'run: while signals::requested().is_none() {
+        sleep_until(next.min(end));
+        if signals::requested().is_some() || Instant::now() >= end {
+            break;
+        }
+        let tids = thread::list(opts.pid);
+        if tids.is_empty() {
+            target_exited = true;
+            break;
+        }
+        for tid in tids {
+            if signals::requested().is_some() {
+                break 'run;
+            }
+            let read = thread::read(&mut tracer, tid, &resolution.plan, &target.memory, &tls::HOST, false).map_err(Fatal)?;
+            if matches!(read.outcome, Outcome::Gone) {
+                continue;
+            }
+            reads += 1;
+            if let Some(t) = read.times {
+                held.push(t.held.as_nanos() as u64);
+                to_stop.push(t.to_stop.as_nanos() as u64);
+            }
+            let tally = tallies.entry(tid).or_default();
+            tally.samples += 1;
+            let mut line = RawSample { tid, t_ns: read.t_ns, valid: false, trace_id: None, span_id: None, trace_flags: None, error: None };
+            match &read.outcome {
+                Outcome::Record(r) if r.header.is_valid() => {
+                    *tally.spans.entry((r.header.trace_id, r.header.span_id)).or_default() += 1;
+                    line.valid = true;
+                    line.trace_id = Some(record::hex(&r.header.trace_id));
+                    line.span_id = Some(record::hex(&r.header.span_id));
+                    line.trace_flags = Some(r.header.trace_flags);
+                }
+                Outcome::Record(_) | Outcome::NoRecord(_) => tally.idle += 1,
+                Outcome::Error(e) => {
+                    tally.errors += 1;
+                    line.error = Some(e);
+                }
+                Outcome::Gone => unreachable!(),
+            }
+            if let Some(w) = raw.as_mut() {
+                let ok = serde_json::to_writer(&mut **w, &line).is_ok() && w.write_all(b"\n").is_ok() && w.flush().is_ok();
+                if !ok {
+                    // The consumer went away (e.g. a closed pipe): stop sampling.
+                    break 'run;
+                }
+            }
+        }
+        rounds += 1;
+        next += period;
+        let now = Instant::now();
+        if next < now {
+            // Overran: skip the ticks we missed instead of bursting.
+            let behind = (now - next).as_nanos() / period.as_nanos().max(1);
+            missed += behind as u64;
+            next += period * behind as u32;
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    drop(tracer);
+    held.sort_unstable();
+    to_stop.sort_unstable();
+    let threads = tallies
+        .into_iter()
+        .map(|(tid, t)| {
+            let mut spans: Vec<SpanShare> = t
+                .spans
+                .into_iter()
+                .map(|((trace, span), n)| SpanShare {
+                    trace_id: record::hex(&trace),
+                    span_id: record::hex(&span),
+                    samples: n,
+                    share: n as f64 / t.samples as f64,
+                })
+                .collect();
+            spans.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.span_id.cmp(&b.span_id)));
+            ThreadSummary {
+                tid,
+                name: thread::name(opts.pid, tid),
+                samples: t.samples,
+                idle: t.idle,
+                idle_share: t.idle as f64 / t.samples as f64,
+                errors: t.errors,
+                spans,
+            }
+        })
+        .collect();
+    Ok(Ok(Summary {
+        schema: SCHEMA,
+        pid: opts.pid,
+        resolution_path: resolution.path,
+        requested_hz: opts.hz,
+        requested_duration_s: opts.duration.as_secs_f64(),
+        elapsed_s: elapsed,
+        rounds,
+        achieved_hz: if elapsed > 0.0 { rounds as f64 / elapsed } else { 0.0 },
+        missed_ticks: missed,
+        reads,
+        stop_time: StopStats {
+            held_median_ns: percentile(&held, 0.5),
+            held_p90_ns: percentile(&held, 0.9),
+            held_max_ns: held.last().copied().unwrap_or(0),
+            to_stop_median_ns: percentile(&to_stop, 0.5),
+            to_stop_p90_ns: percentile(&to_stop, 0.9),
+        },
+        interrupted_by_signal: signals::requested(),
+        target_exited,
+        threads,
+    }))
+}
