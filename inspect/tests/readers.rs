@@ -1,0 +1,386 @@
+//! End-to-end tests of the reader against C writers built here with gcc:
+//! a TLSDESC library (static and dynamic TLS), a legacy general-dynamic
+//! library, both loaded with dlopen; an initial-exec library linked at build
+//! time; and an executable that defines the symbol itself. Each publishes
+//! known records on six threads; the reader must find every one exactly.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::Value;
+
+const READER: &str = env!("CARGO_BIN_EXE_otel-thread-ctx");
+
+/// Builds the fixtures once per test run; returns their directory.
+fn fixtures() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("thread-ctx-fixtures");
+        std::fs::create_dir_all(&out).unwrap();
+        let writer = src.join("writer.c");
+        let host = src.join("host.c");
+        let o = |name: &str| out.join(name).to_str().unwrap().to_string();
+        let (desc, big, gd, ie) = (o("libdesc.so"), o("libbig.so"), o("libgd.so"), o("libwriter_ie.so"));
+        let (h_dl, h_exe, h_ie) = (o("host_dlopen"), o("host_exe"), o("host_ie"));
+        let (w, h) = (writer.to_str().unwrap(), host.to_str().unwrap());
+        let rpath = format!("-Wl,-rpath,{}", out.display());
+        let libdir = format!("-L{}", out.display());
+        let builds: Vec<Vec<&str>> = vec![
+            vec!["-fPIC", "-shared", "-mtls-dialect=gnu2", "-o", &desc, w],
+            vec!["-fPIC", "-shared", "-mtls-dialect=gnu2", "-DBIG_TLS", "-o", &big, w],
+            vec!["-fPIC", "-shared", "-mtls-dialect=gnu", "-o", &gd, w],
+            vec!["-fPIC", "-shared", "-ftls-model=initial-exec", "-o", &ie, w],
+            vec!["-DMODE_DLOPEN", "-o", &h_dl, h, "-ldl", "-lpthread"],
+            vec!["-DMODE_EXE", "-rdynamic", "-o", &h_exe, h, "-lpthread"],
+            vec!["-DMODE_LINKED", "-o", &h_ie, h, &libdir, "-lwriter_ie", &rpath, "-lpthread"],
+        ];
+        for args in builds {
+            let st = Command::new("gcc").args(["-O1", "-g", "-Wall", "-Werror"]).args(&args).status().expect("gcc runs");
+            assert!(st.success(), "gcc {args:?} failed");
+        }
+        out
+    })
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Expect {
+    Valid { trace: String, span: String, flags: u64 },
+    Invalid,
+    Null,
+    Untouched,
+    Garbage,
+}
+
+/// A running fixture process; killed and reaped when dropped.
+struct Fixture {
+    child: Child,
+    pid: i32,
+    expect: HashMap<i32, Expect>,
+    context_published_at: Option<u64>,
+    anon_naming_unsupported: bool,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(program: &str, args: &[&str]) -> Fixture {
+    let mut child = Command::new(fixtures().join(program))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("fixture starts");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut f = Fixture { pid: child.id() as i32, child, expect: HashMap::new(), context_published_at: None, anon_naming_unsupported: false };
+    loop {
+        let line = rx.recv_timeout(Duration::from_secs(20)).expect("fixture prints ready");
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["ready", _] => break,
+            ["context", t] => f.context_published_at = Some(t.parse().unwrap()),
+            ["anon-naming-unsupported"] => f.anon_naming_unsupported = true,
+            ["expect", tid, "valid", trace, span, flags] => {
+                f.expect.insert(
+                    tid.parse().unwrap(),
+                    Expect::Valid { trace: trace.to_string(), span: span.to_string(), flags: flags.parse().unwrap() },
+                );
+            }
+            ["expect", tid, role] => {
+                let e = match *role {
+                    "invalid" => Expect::Invalid,
+                    "null" => Expect::Null,
+                    "untouched" => Expect::Untouched,
+                    "garbage" => Expect::Garbage,
+                    other => panic!("unknown role {other}"),
+                };
+                f.expect.insert(tid.parse().unwrap(), e);
+            }
+            _ => panic!("unexpected fixture output {line:?}"),
+        }
+    }
+    assert_eq!(f.expect.len(), 6, "six threads published");
+    f
+}
+
+fn reader(args: &[&str]) -> Output {
+    Command::new(READER).args(args).output().expect("reader runs")
+}
+
+fn inspect_json(pid: i32) -> (i32, Value) {
+    let out = reader(&["inspect", "--pid", &pid.to_string(), "--json"]);
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+    (out.status.code().unwrap(), report)
+}
+
+/// Every thread of `pid` runs freely: not stopped, not traced.
+fn assert_running_untraced(pid: i32) {
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let tid = entry.unwrap().file_name();
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/task/{}/status", tid.to_str().unwrap())) else { continue };
+        let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).unwrap().trim().to_string();
+        let state = field("State:");
+        assert!(!state.starts_with('t') && !state.starts_with('T'), "thread {tid:?} left in state {state}");
+        assert_eq!(field("TracerPid:"), "0", "thread {tid:?} left traced");
+    }
+}
+
+/// Checks every fixture thread in the report against what it published.
+fn assert_threads(report: &Value, f: &Fixture, path: &str) {
+    let threads = report["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), f.expect.len(), "one entry per thread: {threads:#?}");
+    let mut offsets = Vec::new();
+    for (tid, expect) in &f.expect {
+        let t = threads.iter().find(|t| t["tid"] == *tid).unwrap_or_else(|| panic!("thread {tid} missing"));
+        let status = t["status"].as_str().unwrap();
+        match expect {
+            Expect::Valid { trace, span, flags } => {
+                assert_eq!(status, "valid", "{t:#}");
+                assert_eq!(t["record"]["valid"], 1);
+                assert_eq!(t["record"]["trace_id"], *trace);
+                assert_eq!(t["record"]["span_id"], *span);
+                assert_eq!(t["record"]["trace_flags"], *flags);
+            }
+            Expect::Invalid => {
+                assert_eq!(status, "invalid", "{t:#}");
+                assert_eq!(t["record"]["valid"], 0);
+                assert!(t["record"]["trace_id"].is_null());
+            }
+            Expect::Null => {
+                assert_eq!(status, "no-record", "{t:#}");
+                assert!(t["reason"].as_str().unwrap().contains("NULL"));
+                assert_eq!(t["tls"]["pointer"], "0x0");
+            }
+            Expect::Untouched => assert_eq!(status, "no-record", "{t:#}"),
+            Expect::Garbage => {
+                assert_eq!(status, "error", "{t:#}");
+                assert_eq!(t["tls"]["pointer"], "0x10");
+            }
+        }
+        assert_eq!(t["name"], report["threads"][0]["name"], "names come from comm");
+        assert_eq!(t["tls"]["path"], path);
+        let tp = u64::from_str_radix(t["tls"]["thread_pointer"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+        assert_ne!(tp, 0);
+        if let (Some(var), Some(off)) = (t["tls"]["variable_address"].as_str(), t["tls"]["tp_offset"].as_i64()) {
+            let var = u64::from_str_radix(var.trim_start_matches("0x"), 16).unwrap();
+            assert_eq!(var, tp.wrapping_add(off as u64), "variable = thread pointer + offset");
+            offsets.push(off);
+        }
+    }
+    if path.ends_with("-static") {
+        assert_eq!(offsets.len(), f.expect.len());
+        assert!(offsets.iter().all(|&o| o == offsets[0]), "one static offset for all threads");
+        assert_eq!(report["symbol"]["resolution"]["tp_offset"], offsets[0]);
+    }
+}
+
+fn main_thread_attributes(report: &Value, pid: i32) -> Value {
+    report["threads"].as_array().unwrap().iter().find(|t| t["tid"] == pid).unwrap()["record"]["attributes"].clone()
+}
+
+#[test]
+fn tlsdesc_library_resolved_to_static_tls_with_a_memfd_process_context() {
+    let lib = fixtures().join("libdesc.so");
+    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "memfd"]);
+    let (code, r) = inspect_json(f.pid);
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["conformant"], true);
+    assert_eq!(r["symbol"]["module"], lib.to_str().unwrap());
+    assert_eq!(r["symbol"]["access_model"], "tlsdesc");
+    assert!(r["symbol"]["relocations"][0]["type"].as_str().unwrap().ends_with("_TLSDESC"));
+    assert_threads(&r, &f, "tlsdesc-static");
+    let pc = &r["process_context"];
+    assert_eq!(pc["status"], "ok", "{pc:#}");
+    assert_eq!(pc["mapping"], "/memfd:OTEL_CTX");
+    assert_eq!(pc["version"], 2);
+    assert_eq!(pc["published_at_ns"], f.context_published_at.unwrap());
+    assert_eq!(pc["resource"]["service.name"], "fixture-svc");
+    assert_eq!(pc["resource"]["process.pid"], 4242);
+    assert_eq!(pc["schema_version"], "tlsdesc_v1_dev");
+    assert_eq!(pc["attribute_key_map"], serde_json::json!(["http.route", "user.id"]));
+    // key 0 appears twice (last wins); key 7 is not in the map.
+    assert_eq!(
+        main_thread_attributes(&r, f.pid),
+        serde_json::json!([
+            {"key_index": 0, "key": "http.route", "value": "/usr"},
+            {"key_index": 1, "key": "user.id", "value": "42"},
+            {"key_index": 7, "key": null, "value": "x"},
+        ])
+    );
+    assert_running_untraced(f.pid);
+}
+
+#[test]
+fn tlsdesc_library_resolved_through_the_dtv() {
+    let lib = fixtures().join("libbig.so");
+    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "anon"]);
+    let (code, r) = inspect_json(f.pid);
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["symbol"]["access_model"], "tlsdesc");
+    assert_threads(&r, &f, "tlsdesc-dtv");
+    assert!(r["symbol"]["resolution"]["module_id"].as_u64().unwrap() >= 1);
+    assert_eq!(r["symbol"]["resolution"]["module_offset"], r["symbol"]["st_value"]);
+    let untouched = f.expect.iter().find(|(_, e)| **e == Expect::Untouched).unwrap().0;
+    let t = r["threads"].as_array().unwrap().iter().find(|t| t["tid"] == *untouched).unwrap();
+    assert!(t["reason"].as_str().unwrap().contains("unallocated"), "{t:#}");
+    if f.anon_naming_unsupported {
+        // The kernel cannot name anonymous mappings: nothing to find.
+        assert_eq!(r["process_context"]["status"], "absent");
+    } else {
+        assert_eq!(r["process_context"]["mapping"], "[anon:OTEL_CTX]");
+        assert_eq!(r["process_context"]["schema_version"], "tlsdesc_v1_dev");
+    }
+    assert_running_untraced(f.pid);
+}
+
+#[test]
+fn legacy_general_dynamic_library() {
+    let lib = fixtures().join("libgd.so");
+    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "memfd"]);
+    let (code, r) = inspect_json(f.pid);
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["symbol"]["access_model"], "global-dynamic");
+    assert_threads(&r, &f, "global-dynamic-dtv");
+    assert!(r["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains("legacy general-dynamic")));
+    assert_eq!(main_thread_attributes(&r, f.pid)[1]["value"], "42");
+    assert_running_untraced(f.pid);
+}
+
+#[test]
+fn executable_defining_the_symbol_uses_local_exec() {
+    let f = spawn("host_exe", &["memfd"]);
+    let (code, r) = inspect_json(f.pid);
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["symbol"]["executable"], true);
+    assert_eq!(r["symbol"]["access_model"], "local-exec");
+    assert!(r["symbol"]["relocations"].as_array().unwrap().is_empty());
+    assert_threads(&r, &f, "local-exec-static");
+    assert_eq!(r["process_context"]["status"], "ok");
+    assert_running_untraced(f.pid);
+}
+
+#[test]
+fn initial_exec_library_linked_at_startup() {
+    let f = spawn("host_ie", &[]);
+    let (code, r) = inspect_json(f.pid);
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(r["symbol"]["access_model"], "initial-exec");
+    assert_threads(&r, &f, "initial-exec-static");
+    assert_eq!(r["process_context"]["status"], "absent");
+    assert_running_untraced(f.pid);
+}
+
+#[test]
+fn a_wild_record_pointer_is_an_error_entry_and_exit_1() {
+    let lib = fixtures().join("libdesc.so");
+    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "garbage"]);
+    let (code, r) = inspect_json(f.pid);
+    assert_eq!(code, 1, "{r:#}");
+    assert_eq!(r["conformant"], false);
+    assert_threads(&r, &f, "tlsdesc-static");
+    assert!(r["problems"][0].as_str().unwrap().contains("cannot read"), "{:#}", r["problems"]);
+    let human = reader(&["inspect", "--pid", &f.pid.to_string()]);
+    assert_eq!(human.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&human.stdout).contains("NOT conformant"));
+    assert_running_untraced(f.pid);
+}
+
+#[test]
+fn sample_reports_each_threads_span_and_raw_reads() {
+    let lib = fixtures().join("libdesc.so");
+    let f = spawn("host_dlopen", &[lib.to_str().unwrap()]);
+    let out = reader(&["sample", "--pid", &f.pid.to_string(), "--hz", "100", "--duration", "0.5", "--raw", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut per_thread: HashMap<i64, usize> = HashMap::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let s: Value = serde_json::from_str(line).unwrap();
+        let tid = s["tid"].as_i64().unwrap();
+        *per_thread.entry(tid).or_default() += 1;
+        assert!(s["t_ns"].as_u64().unwrap() > 0);
+        match &f.expect[&(tid as i32)] {
+            Expect::Valid { trace, span, flags } => {
+                assert_eq!(s["valid"], true);
+                assert_eq!(s["trace_id"], *trace);
+                assert_eq!(s["span_id"], *span);
+                assert_eq!(s["trace_flags"], *flags);
+            }
+            _ => {
+                assert_eq!(s["valid"], false);
+                assert!(s["trace_id"].is_null());
+            }
+        }
+    }
+    assert_eq!(per_thread.len(), 6);
+    let summary: Value = serde_json::from_slice(&out.stderr).unwrap();
+    let rounds = summary["rounds"].as_u64().unwrap();
+    assert!((10..=60).contains(&rounds), "about 50 rounds in 0.5 s at 100 Hz, got {rounds}");
+    assert!(per_thread.values().all(|&n| n as u64 == rounds));
+    for t in summary["threads"].as_array().unwrap() {
+        match &f.expect[&(t["tid"].as_i64().unwrap() as i32)] {
+            Expect::Valid { span, .. } => {
+                assert_eq!(t["spans"].as_array().unwrap().len(), 1);
+                assert_eq!(t["spans"][0]["span_id"], *span);
+                assert_eq!(t["spans"][0]["share"], 1.0);
+                assert_eq!(t["idle_share"], 0.0);
+            }
+            _ => assert_eq!(t["idle_share"], 1.0),
+        }
+    }
+    assert!(summary["stop_time"]["held_median_ns"].as_u64().unwrap() > 0);
+    assert_running_untraced(f.pid);
+}
+
+#[test]
+fn sigterm_mid_sample_leaves_the_target_running() {
+    let lib = fixtures().join("libdesc.so");
+    let f = spawn("host_dlopen", &[lib.to_str().unwrap()]);
+    for delay_ms in [50, 137, 311] {
+        let s = Command::new(READER)
+            .args(["sample", "--pid", &f.pid.to_string(), "--hz", "5000", "--duration", "30", "--json"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        // SAFETY: plain kill(2) of the child we just spawned.
+        unsafe { libc::kill(s.id() as i32, libc::SIGTERM) };
+        let out = s.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(128 + 15));
+        let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(summary["interrupted_by_signal"], 15);
+        assert_running_untraced(f.pid);
+    }
+}
+
+#[test]
+fn exit_codes_for_missing_symbol_and_missing_process() {
+    let mut plain = Command::new("sleep").arg("30").spawn().unwrap();
+    let out = reader(&["inspect", "--pid", &plain.id().to_string()]);
+    let _ = plain.kill();
+    let _ = plain.wait();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no module defines otel_thread_ctx_v1"));
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap();
+    let out = reader(&["inspect", "--pid", pid_max.trim()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such process"));
+    let out = reader(&["sample", "--pid", "1", "--hz", "0", "--duration", "1"]);
+    assert_eq!(out.status.code(), Some(2), "bad --hz is a usage error");
+}
