@@ -1,0 +1,212 @@
+'use strict';
+// The reader CLI (inspect/, binary otel-thread-ctx) against real Node
+// processes, run with the Node binary running this suite: a main thread and
+// two workers parked inside their own spans, the same threads once their
+// spans ended and their loops idle, a process without the addon, a pid that
+// does not exist, and a sampler killed mid-run.
+const test = require('node:test');
+const assert = require('node:assert');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { spawn, spawnSync, execFileSync } = require('node:child_process');
+
+const ROOT = path.resolve(__dirname, '..');
+const TARGET_DIR = process.env.CARGO_TARGET_DIR ? path.resolve(ROOT, process.env.CARGO_TARGET_DIR) : path.join(ROOT, 'target');
+const READER = path.join(TARGET_DIR, 'release', 'otel-thread-ctx');
+
+// The child: each JS thread publishes a distinct span and blocks inside it
+// (workers in Atomics.wait, main in a read of stdin). A line on stdin
+// releases them: every span ends and every event loop idles. SIGUSR2 makes
+// the main loop answer, to show it runs.
+const CHILD = `
+const { Worker, isMainThread, parentPort, workerData } = require('node:worker_threads');
+const fs = require('node:fs');
+const { context, trace } = require(${JSON.stringify(require.resolve('@opentelemetry/api', { paths: [ROOT] }))});
+const { ProfilingContextManager, threadInfo } = require(${JSON.stringify(ROOT)});
+context.setGlobalContextManager(new ProfilingContextManager().enable());
+const hex = (n, w) => n.toString(16).padStart(w, '0');
+function span(i) {
+  const sc = { traceId: hex(0x4bf92f35 + i, 16) + hex(0x77b34da6 * (i + 1), 16), spanId: hex(0x00f067aa0ba902b7n + BigInt(i), 16), traceFlags: i % 2 ? 0 : 1 };
+  return { sc, ctx: trace.setSpanContext(context.active(), sc) };
+}
+const me = (sc) => ({ tid: threadInfo().tid, traceId: sc.traceId, spanId: sc.spanId, traceFlags: sc.traceFlags });
+if (isMainThread) {
+  const flag = new Int32Array(new SharedArrayBuffer(4));
+  const parked = [], released = [];
+  for (const i of [1, 2]) {
+    const w = new Worker(__filename, { workerData: { i, flag } });
+    w.on('message', (m) => {
+      if (m.parked) parked.push(m.parked);
+      if (m.released) released.push(m.released);
+      if (m.parked && parked.length === 2) parkMain();
+      if (m.released && released.length === 2) console.log(JSON.stringify({ phase: 'idle' }));
+    });
+  }
+  function parkMain() {
+    const { sc, ctx } = span(0);
+    context.with(ctx, () => {
+      console.log(JSON.stringify({ phase: 'parked', threads: [me(sc), ...parked] }));
+      fs.readSync(0, Buffer.alloc(1));
+    });
+    Atomics.store(flag, 0, 1);
+    Atomics.notify(flag, 0);
+  }
+  setInterval(() => {}, 1 << 30);
+  process.on('SIGUSR2', () => console.log(JSON.stringify({ phase: 'pong' })));
+} else {
+  const { i, flag } = workerData;
+  const { sc, ctx } = span(i);
+  context.with(ctx, () => {
+    parentPort.postMessage({ parked: me(sc) });
+    Atomics.wait(flag, 0, 0);
+  });
+  parentPort.postMessage({ released: threadInfo().tid });
+  parentPort.on('message', () => {});
+}
+`;
+
+/** Starts the child; `next()` resolves with its next JSON line. */
+function startChild(t) {
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'otel-inspect-')), 'child.js');
+  fs.writeFileSync(file, CHILD);
+  const child = spawn(process.execPath, [file], { stdio: ['pipe', 'pipe', 'inherit'] });
+  t.after(() => {
+    child.kill('SIGKILL');
+    fs.rmSync(path.dirname(file), { recursive: true, force: true });
+  });
+  const queue = [];
+  const waiters = [];
+  let pending = '';
+  child.stdout.on('data', (chunk) => {
+    pending += chunk;
+    let i;
+    while ((i = pending.indexOf('\n')) >= 0) {
+      const line = JSON.parse(pending.slice(0, i));
+      pending = pending.slice(i + 1);
+      if (waiters.length) waiters.shift()(line);
+      else queue.push(line);
+    }
+  });
+  const next = (what) =>
+    new Promise((resolve, reject) => {
+      if (queue.length) return resolve(queue.shift());
+      const timer = setTimeout(() => reject(new Error(`child never printed ${what}`)), 20000);
+      waiters.push((line) => (clearTimeout(timer), resolve(line)));
+    });
+  return { child, next };
+}
+
+function inspect(pid) {
+  const r = spawnSync(READER, ['inspect', '--pid', String(pid), '--json'], { encoding: 'utf8' });
+  return { status: r.status, report: r.stdout ? JSON.parse(r.stdout) : null, stderr: r.stderr };
+}
+
+/** State and TracerPid of every thread of `pid`. */
+function threadStates(pid) {
+  return fs.readdirSync(`/proc/${pid}/task`).map((tid) => {
+    const status = fs.readFileSync(`/proc/${pid}/task/${tid}/status`, 'utf8');
+    const field = (name) => status.match(new RegExp(`^${name}:\\s*(.*)$`, 'm'))[1];
+    return { tid, state: field('State'), tracerPid: field('TracerPid') };
+  });
+}
+
+function assertRunningUntraced(pid) {
+  for (const th of threadStates(pid)) {
+    assert.ok(!/^[tT]/.test(th.state), `thread ${th.tid} left in state ${th.state}`);
+    assert.strictEqual(th.tracerPid, '0', `thread ${th.tid} left traced`);
+  }
+}
+
+test.before(() => {
+  if (!fs.existsSync(READER)) {
+    execFileSync('cargo', ['build', '--release', '--locked', '-p', 'otel-thread-ctx-inspect'], { cwd: ROOT, stdio: 'inherit' });
+  }
+});
+
+test('inspect reads the span of each parked thread, then only invalid records once the loops idle', async (t) => {
+  const { child, next } = startChild(t);
+  const parked = await next('parked');
+  assert.strictEqual(parked.phase, 'parked');
+  assert.strictEqual(parked.threads.length, 3);
+
+  const { status, report, stderr } = inspect(child.pid);
+  assert.strictEqual(status, 0, `${stderr}\n${JSON.stringify(report, null, 2)}`);
+  assert.strictEqual(report.conformant, true);
+  assert.strictEqual(report.symbol.module, path.join(ROOT, 'otel-thread-ctx.node'));
+  assert.strictEqual(report.symbol.access_model, 'tlsdesc');
+  assert.match(report.symbol.resolution.path, /^tlsdesc-(static|dtv)$/);
+  for (const th of parked.threads) {
+    const entry = report.threads.find((x) => x.tid === th.tid);
+    assert.ok(entry, `thread ${th.tid} is in the report`);
+    assert.strictEqual(entry.status, 'valid', JSON.stringify(entry));
+    assert.deepStrictEqual(
+      { trace_id: entry.record.trace_id, span_id: entry.record.span_id, trace_flags: entry.record.trace_flags },
+      { trace_id: th.traceId, span_id: th.spanId, trace_flags: th.traceFlags },
+      `thread ${th.tid}`,
+    );
+    assert.strictEqual(entry.name.length > 0, true);
+    assert.strictEqual(entry.tls.path, report.symbol.resolution.path);
+  }
+  // Only the three JS threads publish; Node's own threads have no record.
+  assert.strictEqual(report.threads.filter((x) => x.status === 'valid').length, 3);
+  assertRunningUntraced(child.pid);
+
+  child.stdin.write('go\n');
+  assert.strictEqual((await next('idle')).phase, 'idle');
+  await new Promise((r) => setTimeout(r, 200)); // let every loop settle into epoll_wait
+  const idle = inspect(child.pid);
+  assert.strictEqual(idle.status, 0, idle.stderr);
+  for (const th of parked.threads) {
+    const entry = idle.report.threads.find((x) => x.tid === th.tid);
+    assert.ok(entry.status === 'invalid' || entry.status === 'no-record', JSON.stringify(entry));
+    if (entry.record) assert.notStrictEqual(entry.record.valid, 1);
+  }
+  assert.deepStrictEqual(idle.report.threads.filter((x) => x.status === 'valid'), []);
+  assertRunningUntraced(child.pid);
+});
+
+test('sample killed with SIGTERM mid-run leaves the target running and untraced', async (t) => {
+  const { child, next } = startChild(t);
+  await next('parked');
+  for (const delay of [100, 250]) {
+    const sampler = spawn(READER, ['sample', '--pid', String(child.pid), '--hz', '2000', '--duration', '30', '--json'], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    let out = '';
+    sampler.stdout.on('data', (d) => (out += d));
+    await new Promise((r) => setTimeout(r, delay));
+    sampler.kill('SIGTERM');
+    const code = await new Promise((r) => sampler.on('close', (c) => r(c)));
+    assert.strictEqual(code, 128 + 15);
+    const summary = JSON.parse(out);
+    assert.strictEqual(summary.interrupted_by_signal, 15);
+    assert.ok(summary.rounds > 0, 'it sampled before being stopped');
+    assertRunningUntraced(child.pid);
+  }
+  // The target still works: it answers and can be released.
+  child.stdin.write('go\n');
+  assert.strictEqual((await next('idle')).phase, 'idle');
+  child.kill('SIGUSR2');
+  assert.strictEqual((await next('pong')).phase, 'pong');
+});
+
+test('a Node process without the addon: exit 1 with the reason', async (t) => {
+  const plain = spawn(process.execPath, ['-e', 'setTimeout(() => {}, 1e5)'], { stdio: 'ignore' });
+  t.after(() => plain.kill('SIGKILL'));
+  await new Promise((r) => setTimeout(r, 300));
+  const r = spawnSync(READER, ['inspect', '--pid', String(plain.pid)], { encoding: 'utf8' });
+  assert.strictEqual(r.status, 1, r.stdout + r.stderr);
+  assert.match(r.stdout, /no module defines otel_thread_ctx_v1/);
+  const json = inspect(plain.pid);
+  assert.strictEqual(json.status, 1);
+  assert.strictEqual(json.report.conformant, false);
+  assert.strictEqual(json.report.symbol, null);
+});
+
+test('a nonexistent pid: exit 2', () => {
+  const pidMax = Number(fs.readFileSync('/proc/sys/kernel/pid_max', 'utf8'));
+  const r = spawnSync(READER, ['inspect', '--pid', String(pidMax)], { encoding: 'utf8' });
+  assert.strictEqual(r.status, 2);
+  assert.match(r.stderr, /no such process/);
+});
