@@ -34,7 +34,9 @@ pub struct Discovery {
 
 /// Scans the ELF files mapped into `pid`.
 pub fn discover(pid: i32, maps: &[Mapping]) -> Discovery {
-    let exe = fs::read_link(format!("/proc/{pid}/exe")).ok().map(|p| p.to_string_lossy().into_owned());
+    let exe = fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned());
     let mut seen = HashSet::new();
     let mut out = Discovery::default();
     for m in maps.iter().filter(|m| m.is_file_backed()) {
@@ -47,7 +49,9 @@ pub fn discover(pid: i32, maps: &[Mapping]) -> Discovery {
             out.errors.push(format!("{}: cannot open", m.path));
             continue;
         };
-        let Ok(image) = MappedFile::map(&file) else { continue };
+        let Ok(image) = MappedFile::map(&file) else {
+            continue;
+        };
         if !image.bytes().starts_with(b"\x7fELF") {
             continue;
         }
@@ -60,12 +64,21 @@ pub fn discover(pid: i32, maps: &[Mapping]) -> Discovery {
             }
         };
         let Some(bias) = definition.load_bias(m.start, m.offset) else {
-            out.errors.push(format!("{}: no PT_LOAD segment matches file offset {:#x}", m.path, m.offset));
+            out.errors.push(format!(
+                "{}: no PT_LOAD segment matches file offset {:#x}",
+                m.path, m.offset
+            ));
             continue;
         };
         let is_executable = exe.as_deref() == Some(m.path.as_str());
         let model = definition.access_model(is_executable);
-        out.modules.push(DefiningModule { path: m.path.clone(), is_executable, bias, definition, model });
+        out.modules.push(DefiningModule {
+            path: m.path.clone(),
+            is_executable,
+            bias,
+            definition,
+            model,
+        });
     }
     out.modules.sort_by_key(|m| !m.is_executable);
     out

@@ -24,11 +24,23 @@ impl MappedFile {
     pub fn map(file: &File) -> std::io::Result<MappedFile> {
         let len = file.metadata()?.len() as usize;
         if len == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "empty file"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "empty file",
+            ));
         }
         // SAFETY: a fresh PROT_READ/MAP_PRIVATE mapping of a file we hold open;
         // the kernel picks the address, so no existing memory is affected.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
@@ -162,7 +174,11 @@ impl TlsDefinition {
         let find = |kind: TlsRelocKind, by_symbol: bool| {
             self.relocations
                 .iter()
-                .find(|r| r.kind == kind && r.by_symbol == by_symbol && (by_symbol || r.addend as u64 == self.value))
+                .find(|r| {
+                    r.kind == kind
+                        && r.by_symbol == by_symbol
+                        && (by_symbol || r.addend as u64 == self.value)
+                })
                 .map(|r| r.got)
         };
         if let Some(got) = find(TlsRelocKind::Tlsdesc, true) {
@@ -177,7 +193,11 @@ impl TlsDefinition {
             AccessModel::Tlsdesc { got }
         } else if let Some(got) = find(TlsRelocKind::TpOff, false) {
             AccessModel::InitialExec { got }
-        } else if let Some(r) = self.relocations.iter().find(|r| r.kind == TlsRelocKind::DtpMod) {
+        } else if let Some(r) = self
+            .relocations
+            .iter()
+            .find(|r| r.kind == TlsRelocKind::DtpMod)
+        {
             AccessModel::LocalDynamic { got: r.got }
         } else {
             AccessModel::Unreferenced
@@ -188,7 +208,10 @@ impl TlsDefinition {
     /// `start`, from the `PT_LOAD` segment covering that offset.
     pub fn load_bias(&self, start: u64, offset: u64) -> Option<u64> {
         let page = |x: u64| x & !0xfff;
-        self.loads.iter().find(|l| page(l.offset) == offset).map(|l| start.wrapping_sub(page(l.vaddr)))
+        self.loads
+            .iter()
+            .find(|l| page(l.offset) == offset)
+            .map(|l| start.wrapping_sub(page(l.vaddr)))
     }
 }
 
@@ -207,14 +230,24 @@ fn reloc_types(machine: u16) -> Option<RelocTypes> {
             dtpmod: elf::R_X86_64_DTPMOD64,
             dtpoff: elf::R_X86_64_DTPOFF64,
             tpoff: elf::R_X86_64_TPOFF64,
-            names: ["R_X86_64_TLSDESC", "R_X86_64_DTPMOD64", "R_X86_64_DTPOFF64", "R_X86_64_TPOFF64"],
+            names: [
+                "R_X86_64_TLSDESC",
+                "R_X86_64_DTPMOD64",
+                "R_X86_64_DTPOFF64",
+                "R_X86_64_TPOFF64",
+            ],
         }),
         elf::EM_AARCH64 => Some(RelocTypes {
             tlsdesc: elf::R_AARCH64_TLSDESC,
             dtpmod: elf::R_AARCH64_TLS_DTPMOD,
             dtpoff: elf::R_AARCH64_TLS_DTPREL,
             tpoff: elf::R_AARCH64_TLS_TPREL,
-            names: ["R_AARCH64_TLSDESC", "R_AARCH64_TLS_DTPMOD", "R_AARCH64_TLS_DTPREL", "R_AARCH64_TLS_TPREL"],
+            names: [
+                "R_AARCH64_TLSDESC",
+                "R_AARCH64_TLS_DTPMOD",
+                "R_AARCH64_TLS_DTPREL",
+                "R_AARCH64_TLS_TPREL",
+            ],
         }),
         _ => None,
     }
@@ -224,7 +257,8 @@ fn reloc_types(machine: u16) -> Option<RelocTypes> {
 /// `Ok(None)`: the module does not define it (or has no TLS at all).
 /// `Err`: the file is not a 64-bit ELF the reader can parse.
 pub fn analyze(data: &[u8]) -> Result<Option<TlsDefinition>, String> {
-    let file = ElfFile64::<Endianness>::parse(data).map_err(|e| format!("not a readable 64-bit ELF: {e}"))?;
+    let file = ElfFile64::<Endianness>::parse(data)
+        .map_err(|e| format!("not a readable 64-bit ELF: {e}"))?;
     let endian = file.endian();
     let header = file.elf_header();
     let mut tls_segment = None;
@@ -238,7 +272,10 @@ pub fn analyze(data: &[u8]) -> Result<Option<TlsDefinition>, String> {
                     align: ph.p_align(endian).max(1),
                 })
             }
-            elf::PT_LOAD => loads.push(LoadSegment { offset: ph.p_offset(endian), vaddr: ph.p_vaddr(endian) }),
+            elf::PT_LOAD => loads.push(LoadSegment {
+                offset: ph.p_offset(endian),
+                vaddr: ph.p_vaddr(endian),
+            }),
             _ => {}
         }
     }
@@ -250,7 +287,9 @@ pub fn analyze(data: &[u8]) -> Result<Option<TlsDefinition>, String> {
     let dynsym = file.elf_dynamic_symbol_table();
     let strings = dynsym.strings();
     let Some((index, sym)) = dynsym.enumerate().find(|(_, s)| {
-        s.st_shndx(endian) != elf::SHN_UNDEF && s.name(endian, strings).is_ok_and(|n| n == SYMBOL.as_bytes())
+        s.st_shndx(endian) != elf::SHN_UNDEF
+            && s.name(endian, strings)
+                .is_ok_and(|n| n == SYMBOL.as_bytes())
     }) else {
         return Ok(None);
     };
@@ -258,7 +297,9 @@ pub fn analyze(data: &[u8]) -> Result<Option<TlsDefinition>, String> {
     let mut relocations = Vec::new();
     if let Some(types) = reloc_types(machine) {
         for section in file.elf_section_table().iter() {
-            let Ok(Some((relas, link))) = section.rela(endian, data) else { continue };
+            let Ok(Some((relas, link))) = section.rela(endian, data) else {
+                continue;
+            };
             if link != dynsym.section() || link == SectionIndex(0) {
                 continue;
             }
@@ -321,14 +362,33 @@ mod tests {
             value: 0x10,
             size: 8,
             sym_type: elf::STT_TLS,
-            tls_segment: Some(TlsSegment { vaddr: 0x1000, memsz: 0x18, align: 8 }),
-            loads: vec![LoadSegment { offset: 0, vaddr: 0 }, LoadSegment { offset: 0x1000, vaddr: 0x1000 }],
+            tls_segment: Some(TlsSegment {
+                vaddr: 0x1000,
+                memsz: 0x18,
+                align: 8,
+            }),
+            loads: vec![
+                LoadSegment {
+                    offset: 0,
+                    vaddr: 0,
+                },
+                LoadSegment {
+                    offset: 0x1000,
+                    vaddr: 0x1000,
+                },
+            ],
             relocations,
         }
     }
 
     fn reloc(kind: TlsRelocKind, got: u64, by_symbol: bool, addend: i64) -> TlsReloc {
-        TlsReloc { kind, type_name: "", got, addend, by_symbol }
+        TlsReloc {
+            kind,
+            type_name: "",
+            got,
+            addend,
+            by_symbol,
+        }
     }
 
     #[test]
@@ -339,10 +399,19 @@ mod tests {
             reloc(TlsRelocKind::Tlsdesc, 0x40, true, 0),
         ]);
         assert_eq!(d.access_model(false), AccessModel::Tlsdesc { got: 0x40 });
-        let d = def(vec![reloc(TlsRelocKind::TpOff, 0x30, true, 0), reloc(TlsRelocKind::DtpMod, 0x20, true, 0)]);
-        assert_eq!(d.access_model(false), AccessModel::GlobalDynamic { got: 0x20 });
+        let d = def(vec![
+            reloc(TlsRelocKind::TpOff, 0x30, true, 0),
+            reloc(TlsRelocKind::DtpMod, 0x20, true, 0),
+        ]);
+        assert_eq!(
+            d.access_model(false),
+            AccessModel::GlobalDynamic { got: 0x20 }
+        );
         let d = def(vec![reloc(TlsRelocKind::TpOff, 0x30, true, 0)]);
-        assert_eq!(d.access_model(false), AccessModel::InitialExec { got: 0x30 });
+        assert_eq!(
+            d.access_model(false),
+            AccessModel::InitialExec { got: 0x30 }
+        );
     }
 
     #[test]
@@ -358,14 +427,20 @@ mod tests {
         let d = def(vec![reloc(TlsRelocKind::Tlsdesc, 0x40, false, 0x10)]);
         assert_eq!(d.access_model(false), AccessModel::Tlsdesc { got: 0x40 });
         let d = def(vec![reloc(TlsRelocKind::DtpMod, 0x50, false, 0)]);
-        assert_eq!(d.access_model(false), AccessModel::LocalDynamic { got: 0x50 });
+        assert_eq!(
+            d.access_model(false),
+            AccessModel::LocalDynamic { got: 0x50 }
+        );
     }
 
     #[test]
     fn load_bias_uses_the_segment_of_the_mapped_offset() {
         let d = def(vec![]);
         assert_eq!(d.load_bias(0x7f00_0000_0000, 0), Some(0x7f00_0000_0000));
-        assert_eq!(d.load_bias(0x7f00_0000_1000, 0x1000), Some(0x7f00_0000_0000));
+        assert_eq!(
+            d.load_bias(0x7f00_0000_1000, 0x1000),
+            Some(0x7f00_0000_0000)
+        );
         assert_eq!(d.load_bias(0x7f00_0000_1000, 0x5000), None);
     }
 

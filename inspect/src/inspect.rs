@@ -174,9 +174,19 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
             warnings.push("no OTEL_CTX process context: threadlocal.schema_version and attribute keys are unknown".into());
             ProcessContextInfo::Absent
         }
-        Lookup::Invalid { mapping, address, error } => {
-            problems.push(format!("process context in {mapping} is unreadable: {error}"));
-            ProcessContextInfo::Invalid { mapping, address: hex_addr(address), error }
+        Lookup::Invalid {
+            mapping,
+            address,
+            error,
+        } => {
+            problems.push(format!(
+                "process context in {mapping} is unreadable: {error}"
+            ));
+            ProcessContextInfo::Invalid {
+                mapping,
+                address: hex_addr(address),
+                error,
+            }
         }
         Lookup::Found(d) => {
             if d.schema_version.is_none() {
@@ -217,15 +227,28 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
                 record: None,
             })
             .collect();
-        return Ok(finish(pid, problems, warnings, None, process_context, threads));
+        return Ok(finish(
+            pid,
+            problems,
+            warnings,
+            None,
+            process_context,
+            threads,
+        ));
     };
 
     let def = &module.definition;
     if def.sym_type != object::elf::STT_TLS {
-        problems.push(format!("otel_thread_ctx_v1 in {} is not a TLS symbol (st_type {})", module.path, def.sym_type));
+        problems.push(format!(
+            "otel_thread_ctx_v1 in {} is not a TLS symbol (st_type {})",
+            module.path, def.sym_type
+        ));
     }
     if def.size != 8 {
-        problems.push(format!("otel_thread_ctx_v1 has size {} (a pointer is 8 bytes)", def.size));
+        problems.push(format!(
+            "otel_thread_ctx_v1 has size {} (a pointer is 8 bytes)",
+            def.size
+        ));
     }
     match module.model {
         AccessModel::GlobalDynamic { .. } if !module.is_executable => warnings.push(
@@ -233,11 +256,24 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
         ),
         _ => {}
     }
-    let others: Vec<String> = target.discovery.modules.iter().skip(1).map(|m| m.path.clone()).collect();
+    let others: Vec<String> = target
+        .discovery
+        .modules
+        .iter()
+        .skip(1)
+        .map(|m| m.path.clone())
+        .collect();
     if !others.is_empty() {
-        warnings.push(format!("otel_thread_ctx_v1 is also defined in {}; only {} is read", others.join(", "), module.path));
+        warnings.push(format!(
+            "otel_thread_ctx_v1 is also defined in {}; only {} is read",
+            others.join(", "),
+            module.path
+        ));
     }
-    let resolution = target.resolution.clone().expect("a module implies a resolution attempt");
+    let resolution = target
+        .resolution
+        .clone()
+        .expect("a module implies a resolution attempt");
     let symbol = SymbolInfo {
         module: module.path.clone(),
         executable: module.is_executable,
@@ -249,7 +285,10 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
             .relocations
             .iter()
             .filter(|r| r.by_symbol || r.kind != crate::elf::TlsRelocKind::DtpMod)
-            .map(|r| RelocationInfo { kind: r.type_name, got_address: hex_addr(module.bias.wrapping_add(r.got)) })
+            .map(|r| RelocationInfo {
+                kind: r.type_name,
+                got_address: hex_addr(module.bias.wrapping_add(r.got)),
+            })
             .collect(),
         resolution: resolution.as_ref().ok().map(|r| ResolutionInfo {
             path: r.path,
@@ -274,7 +313,14 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
         Ok(r) => r,
         Err(e) => {
             problems.push(format!("cannot resolve otel_thread_ctx_v1 per thread: {e}"));
-            return Ok(finish(pid, problems, warnings, Some(symbol), process_context, Vec::new()));
+            return Ok(finish(
+                pid,
+                problems,
+                warnings,
+                Some(symbol),
+                process_context,
+                Vec::new(),
+            ));
         }
     };
 
@@ -284,7 +330,15 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
         if let Some(sig) = signals::requested() {
             return Err(Fatal(format!("interrupted by signal {sig}")));
         }
-        let read = thread::read(&mut tracer, tid, &resolution.plan, &target.memory, &tls::HOST, true).map_err(Fatal)?;
+        let read = thread::read(
+            &mut tracer,
+            tid,
+            &resolution.plan,
+            &target.memory,
+            &tls::HOST,
+            true,
+        )
+        .map_err(Fatal)?;
         let tls = read.thread_pointer.map(|tp| ThreadTls {
             path: resolution.path,
             thread_pointer: hex_addr(tp),
@@ -296,7 +350,11 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
             pointer: read.pointer.map(hex_addr),
         });
         let (status, reason, record) = match read.outcome {
-            Outcome::Gone => ("exited", Some("thread exited while being read".to_string()), None),
+            Outcome::Gone => (
+                "exited",
+                Some("thread exited while being read".to_string()),
+                None,
+            ),
             Outcome::NoRecord(why) => ("no-record", Some(why), None),
             Outcome::Error(e) => {
                 problems.push(format!("thread {tid}: {e}"));
@@ -310,21 +368,36 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
                     let zero_trace = h.trace_id.iter().all(|&b| b == 0);
                     let zero_span = h.span_id.iter().all(|&b| b == 0);
                     if zero_trace != zero_span {
-                        problems.push(format!("thread {tid}: valid record sets only one of trace_id/span_id"));
+                        problems.push(format!(
+                            "thread {tid}: valid record sets only one of trace_id/span_id"
+                        ));
                     }
                     if zero_trace && zero_span && h.trace_flags != 0 {
-                        warnings.push(format!("thread {tid}: trace_flags {:#04x} without ids", h.trace_flags));
+                        warnings.push(format!(
+                            "thread {tid}: trace_flags {:#04x} without ids",
+                            h.trace_flags
+                        ));
                     }
                     let decoded = decode_attributes(&rec.attrs_data);
                     if decoded.trailing_bytes > 0 {
-                        warnings.push(format!("thread {tid}: {} trailing attrs_data bytes do not form an entry", decoded.trailing_bytes));
+                        warnings.push(format!(
+                            "thread {tid}: {} trailing attrs_data bytes do not form an entry",
+                            decoded.trailing_bytes
+                        ));
                     }
                     for a in decoded.entries {
-                        let key = key_map.as_ref().and_then(|m| m.get(a.key_index as usize)).cloned();
+                        let key = key_map
+                            .as_ref()
+                            .and_then(|m| m.get(a.key_index as usize))
+                            .cloned();
                         if key.is_none() {
                             warnings.push(format!("thread {tid}: attribute key index {} is not in threadlocal.attribute_key_map", a.key_index));
                         }
-                        attributes.push(AttributeInfo { key_index: a.key_index, key, value: String::from_utf8_lossy(&a.value).into_owned() });
+                        attributes.push(AttributeInfo {
+                            key_index: a.key_index,
+                            key,
+                            value: String::from_utf8_lossy(&a.value).into_owned(),
+                        });
                     }
                 }
                 let info = RecordInfo {
@@ -340,13 +413,27 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
                 (if valid { "valid" } else { "invalid" }, reason, Some(info))
             }
         };
-        threads.push(ThreadInfo { tid, name: thread::name(pid, tid), status, reason, tls, record });
+        threads.push(ThreadInfo {
+            tid,
+            name: thread::name(pid, tid),
+            status,
+            reason,
+            tls,
+            record,
+        });
     }
     drop(tracer);
     if !threads.iter().any(|t| t.tls.is_some()) {
         problems.push("no thread could be read".into());
     }
-    Ok(finish(pid, problems, warnings, Some(symbol), process_context, threads))
+    Ok(finish(
+        pid,
+        problems,
+        warnings,
+        Some(symbol),
+        process_context,
+        threads,
+    ))
 }
 
 fn finish(
@@ -357,5 +444,14 @@ fn finish(
     process_context: ProcessContextInfo,
     threads: Vec<ThreadInfo>,
 ) -> Report {
-    Report { schema: SCHEMA, pid, conformant: problems.is_empty(), problems, warnings, symbol, process_context, threads }
+    Report {
+        schema: SCHEMA,
+        pid,
+        conformant: problems.is_empty(),
+        problems,
+        warnings,
+        symbol,
+        process_context,
+        threads,
+    }
 }

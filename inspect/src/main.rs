@@ -3,7 +3,8 @@
 //!
 //! Exit status: 0 = the process publishes conformant thread context (or the
 //! sample run completed), 1 = it does not (the reason is printed),
-//! 2 = usage or permission error (including a nonexistent pid).
+//! 2 = usage or permission error (including a nonexistent pid),
+//! 128 + N = stopped early by signal N (every thread already released).
 
 mod discovery;
 mod elf;
@@ -27,7 +28,11 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "otel-thread-ctx", version, about = "Reads OpenTelemetry thread context (OTEP 4947) from a running process")]
+#[command(
+    name = "otel-thread-ctx",
+    version,
+    about = "Reads OpenTelemetry thread context (OTEP 4947) from a running process"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -94,21 +99,35 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     signals::install_handlers();
     match cli.command {
-        Command::Inspect { pid, json, stop_timeout_ms } => match inspect::run(pid, Duration::from_millis(stop_timeout_ms)) {
+        Command::Inspect {
+            pid,
+            json,
+            stop_timeout_ms,
+        } => match inspect::run(pid, Duration::from_millis(stop_timeout_ms)) {
             Err(target::Fatal(e)) => {
                 eprintln!("otel-thread-ctx: {e}");
-                ExitCode::from(2)
+                // Interrupted runs exit like the signal's default action would.
+                ExitCode::from(signals::requested().map_or(2, |sig| 128u8.wrapping_add(sig as u8)))
             }
             Ok(report) => {
                 if json {
-                    emit(&(serde_json::to_string_pretty(&report).expect("report serializes") + "\n"));
+                    emit(
+                        &(serde_json::to_string_pretty(&report).expect("report serializes") + "\n"),
+                    );
                 } else {
                     emit(&output::inspect(&report));
                 }
                 ExitCode::from(if report.conformant { 0 } else { 1 })
             }
         },
-        Command::Sample { pid, hz, duration, json, raw, stop_timeout_ms } => {
+        Command::Sample {
+            pid,
+            hz,
+            duration,
+            json,
+            raw,
+            stop_timeout_ms,
+        } => {
             let opts = sample::Options {
                 pid,
                 hz,
@@ -116,7 +135,14 @@ fn main() -> ExitCode {
                 stop_timeout: Duration::from_millis(stop_timeout_ms),
             };
             let mut stdout = std::io::stdout().lock();
-            let result = sample::run(&opts, if raw { Some(&mut stdout as &mut dyn Write) } else { None });
+            let result = sample::run(
+                &opts,
+                if raw {
+                    Some(&mut stdout as &mut dyn Write)
+                } else {
+                    None
+                },
+            );
             drop(stdout);
             match result {
                 Err(target::Fatal(e)) => {
@@ -124,11 +150,17 @@ fn main() -> ExitCode {
                     ExitCode::from(2)
                 }
                 Ok(Err(reason)) => {
-                    eprintln!("otel-thread-ctx: pid {pid} publishes no readable thread context: {reason}");
+                    eprintln!(
+                        "otel-thread-ctx: pid {pid} publishes no readable thread context: {reason}"
+                    );
                     ExitCode::from(1)
                 }
                 Ok(Ok(summary)) => {
-                    let text = if json { serde_json::to_string_pretty(&summary).expect("summary serializes") + "\n" } else { output::sample(&summary) };
+                    let text = if json {
+                        serde_json::to_string_pretty(&summary).expect("summary serializes") + "\n"
+                    } else {
+                        output::sample(&summary)
+                    };
                     if raw {
                         eprint!("{text}");
                     } else {

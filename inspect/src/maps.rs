@@ -30,7 +30,10 @@ impl Mapping {
     /// True when the mapping is backed by a regular file that may be an ELF
     /// object (not a pseudo-file, not anonymous memory).
     pub fn is_file_backed(&self) -> bool {
-        self.inode != 0 && self.path.starts_with('/') && !self.path.starts_with("/memfd:") && !self.path.starts_with("/dev/")
+        self.inode != 0
+            && self.path.starts_with('/')
+            && !self.path.starts_with("/memfd:")
+            && !self.path.starts_with("/dev/")
     }
 
     /// Size in bytes.

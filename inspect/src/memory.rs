@@ -28,7 +28,11 @@ pub struct MemoryError {
 
 impl fmt::Display for MemoryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cannot read {} bytes at {:#x}: {}", self.len, self.addr, self.reason)
+        write!(
+            f,
+            "cannot read {} bytes at {:#x}: {}",
+            self.len, self.addr, self.reason
+        )
     }
 }
 
@@ -57,8 +61,14 @@ impl Memory for ProcessMemory {
         if addr == 0 || addr.checked_add(buf.len() as u64).is_none() {
             return Err(fail("address out of range".into()));
         }
-        let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
         // SAFETY: `local` describes `buf`, which we borrow mutably for the
         // call; `remote` is only dereferenced by the kernel, in the target.
         let n = unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) };
@@ -104,7 +114,11 @@ pub mod fake {
                     return Ok(());
                 }
             }
-            Err(MemoryError { addr, len: buf.len(), reason: "unmapped".into() })
+            Err(MemoryError {
+                addr,
+                len: buf.len(),
+                reason: "unmapped".into(),
+            })
         }
     }
 }

@@ -18,11 +18,18 @@ fn value_text(v: &Value) -> String {
 /// The inspect report as text: a header, the process context, a thread table.
 pub fn inspect(r: &Report) -> String {
     let mut o = String::new();
-    let verdict = if r.conformant { "conformant thread context" } else { "NOT conformant" };
+    let verdict = if r.conformant {
+        "conformant thread context"
+    } else {
+        "NOT conformant"
+    };
     let _ = writeln!(o, "pid {}: {verdict}", r.pid);
     match &r.symbol {
         None => {
-            let _ = writeln!(o, "symbol:     otel_thread_ctx_v1 not found in any mapped module");
+            let _ = writeln!(
+                o,
+                "symbol:     otel_thread_ctx_v1 not found in any mapped module"
+            );
         }
         Some(s) => {
             let _ = writeln!(
@@ -34,12 +41,20 @@ pub fn inspect(r: &Report) -> String {
                 s.st_size,
                 s.load_bias
             );
-            let relocs: Vec<String> = s.relocations.iter().map(|x| format!("{} @ {}", x.kind, x.got_address)).collect();
+            let relocs: Vec<String> = s
+                .relocations
+                .iter()
+                .map(|x| format!("{} @ {}", x.kind, x.got_address))
+                .collect();
             let _ = writeln!(
                 o,
                 "access:     {}{}",
                 s.access_model,
-                if relocs.is_empty() { String::new() } else { format!(" ({})", relocs.join(", ")) }
+                if relocs.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", relocs.join(", "))
+                }
             );
             match (&s.resolution, &s.resolution_error) {
                 (Some(res), _) => {
@@ -56,34 +71,78 @@ pub fn inspect(r: &Report) -> String {
         ProcessContextInfo::Absent => {
             let _ = writeln!(o, "process context: none (no OTEL_CTX mapping)");
         }
-        ProcessContextInfo::Invalid { mapping, address, error } => {
-            let _ = writeln!(o, "process context: {mapping} at {address}: INVALID: {error}");
+        ProcessContextInfo::Invalid {
+            mapping,
+            address,
+            error,
+        } => {
+            let _ = writeln!(
+                o,
+                "process context: {mapping} at {address}: INVALID: {error}"
+            );
         }
-        ProcessContextInfo::Ok { mapping, address, version, published_at_ns, payload_size, resource, schema_version, attribute_key_map, .. } => {
+        ProcessContextInfo::Ok {
+            mapping,
+            address,
+            version,
+            published_at_ns,
+            payload_size,
+            resource,
+            schema_version,
+            attribute_key_map,
+            ..
+        } => {
             let _ = writeln!(
                 o,
                 "process context: {mapping} at {address}, version {version}, published_at_ns {published_at_ns}, payload {payload_size} B"
             );
-            let res: Vec<String> = resource.iter().map(|(k, v)| format!("{k}={}", value_text(v))).collect();
-            let _ = writeln!(o, "  resource:                      {}", if res.is_empty() { "(empty)".into() } else { res.join(", ") });
-            let _ = writeln!(o, "  threadlocal.schema_version:    {}", schema_version.as_deref().unwrap_or("(missing)"));
+            let res: Vec<String> = resource
+                .iter()
+                .map(|(k, v)| format!("{k}={}", value_text(v)))
+                .collect();
+            let _ = writeln!(
+                o,
+                "  resource:                      {}",
+                if res.is_empty() {
+                    "(empty)".into()
+                } else {
+                    res.join(", ")
+                }
+            );
+            let _ = writeln!(
+                o,
+                "  threadlocal.schema_version:    {}",
+                schema_version.as_deref().unwrap_or("(missing)")
+            );
             let _ = writeln!(
                 o,
                 "  threadlocal.attribute_key_map: {}",
-                attribute_key_map.as_ref().map_or("(missing)".to_string(), |m| format!("[{}]", m.join(", ")))
+                attribute_key_map
+                    .as_ref()
+                    .map_or("(missing)".to_string(), |m| format!("[{}]", m.join(", ")))
             );
         }
     }
     if !r.threads.is_empty() {
         let _ = writeln!(o);
-        let _ = writeln!(o, "{:<8} {:<16} {:<9} {:<32} {:<16} {:<5} {:<18} DETAIL", "TID", "NAME", "STATUS", "TRACE_ID", "SPAN_ID", "FLAGS", "VARIABLE");
+        let _ = writeln!(
+            o,
+            "{:<8} {:<16} {:<9} {:<32} {:<16} {:<5} {:<18} DETAIL",
+            "TID", "NAME", "STATUS", "TRACE_ID", "SPAN_ID", "FLAGS", "VARIABLE"
+        );
         for t in &r.threads {
             let rec = t.record.as_ref();
             let detail = match rec {
                 Some(rec) if !rec.attributes.is_empty() => rec
                     .attributes
                     .iter()
-                    .map(|a| format!("{}={}", a.key.clone().unwrap_or_else(|| format!("#{}", a.key_index)), a.value))
+                    .map(|a| {
+                        format!(
+                            "{}={}",
+                            a.key.clone().unwrap_or_else(|| format!("#{}", a.key_index)),
+                            a.value
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join(", "),
                 _ => t.reason.clone().unwrap_or_default(),
@@ -94,10 +153,16 @@ pub fn inspect(r: &Report) -> String {
                 t.tid,
                 t.name,
                 t.status,
-                rec.and_then(|r| r.trace_id.clone()).unwrap_or_else(|| "-".into()),
-                rec.and_then(|r| r.span_id.clone()).unwrap_or_else(|| "-".into()),
-                rec.and_then(|r| r.trace_flags).map_or("-".into(), |f| format!("{f:#04x}")),
-                t.tls.as_ref().and_then(|x| x.variable_address.clone()).unwrap_or_else(|| "-".into()),
+                rec.and_then(|r| r.trace_id.clone())
+                    .unwrap_or_else(|| "-".into()),
+                rec.and_then(|r| r.span_id.clone())
+                    .unwrap_or_else(|| "-".into()),
+                rec.and_then(|r| r.trace_flags)
+                    .map_or("-".into(), |f| format!("{f:#04x}")),
+                t.tls
+                    .as_ref()
+                    .and_then(|x| x.variable_address.clone())
+                    .unwrap_or_else(|| "-".into()),
                 detail
             );
         }
@@ -140,7 +205,11 @@ pub fn sample(s: &Summary) -> String {
         let _ = writeln!(o, "the target exited");
     }
     let _ = writeln!(o);
-    let _ = writeln!(o, "{:<8} {:<16} {:>8} {:>7} {:>6}  {:<32} {:<16} {:>7}", "TID", "NAME", "SAMPLES", "IDLE%", "ERRORS", "TRACE_ID", "SPAN_ID", "SHARE%");
+    let _ = writeln!(
+        o,
+        "{:<8} {:<16} {:>8} {:>7} {:>6}  {:<32} {:<16} {:>7}",
+        "TID", "NAME", "SAMPLES", "IDLE%", "ERRORS", "TRACE_ID", "SPAN_ID", "SHARE%"
+    );
     for t in &s.threads {
         let first = t.spans.first();
         let _ = writeln!(
@@ -156,7 +225,18 @@ pub fn sample(s: &Summary) -> String {
             first.map_or("-".into(), |x| format!("{:.1}", x.share * 100.0))
         );
         for sp in t.spans.iter().skip(1) {
-            let _ = writeln!(o, "{:<8} {:<16} {:>8} {:>7} {:>6}  {:<32} {:<16} {:>7.1}", "", "", "", "", "", sp.trace_id, sp.span_id, sp.share * 100.0);
+            let _ = writeln!(
+                o,
+                "{:<8} {:<16} {:>8} {:>7} {:>6}  {:<32} {:<16} {:>7.1}",
+                "",
+                "",
+                "",
+                "",
+                "",
+                sp.trace_id,
+                sp.span_id,
+                sp.share * 100.0
+            );
         }
     }
     o

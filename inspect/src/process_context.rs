@@ -15,7 +15,11 @@ use crate::memory::Memory;
 
 /// Names the mapping may carry in `/proc/<pid>/maps` (memfd names end in
 /// ` (deleted)`, which [`Mapping::name`] strips).
-pub const MAPPING_NAMES: [&str; 3] = ["/memfd:OTEL_CTX", "[anon:OTEL_CTX]", "[anon_shmem:OTEL_CTX]"];
+pub const MAPPING_NAMES: [&str; 3] = [
+    "/memfd:OTEL_CTX",
+    "[anon:OTEL_CTX]",
+    "[anon_shmem:OTEL_CTX]",
+];
 pub const SIGNATURE: &[u8; 8] = b"OTEL_CTX";
 pub const SUPPORTED_VERSION: u32 = 2;
 pub const HEADER_SIZE: usize = 32;
@@ -148,31 +152,55 @@ pub enum Lookup {
     /// No mapping carries one of the OTEL_CTX names.
     Absent,
     /// A mapping exists but could not be read or decoded.
-    Invalid { mapping: String, address: u64, error: String },
+    Invalid {
+        mapping: String,
+        address: u64,
+        error: String,
+    },
     Found(Box<Decoded>),
 }
 
 /// Finds and decodes the process context of the process whose maps are `maps`.
 pub fn lookup(maps: &[Mapping], mem: &dyn Memory) -> Lookup {
-    let candidates: Vec<&Mapping> = maps.iter().filter(|m| MAPPING_NAMES.contains(&m.name())).collect();
-    let Some(first) = candidates.first() else { return Lookup::Absent };
+    let candidates: Vec<&Mapping> = maps
+        .iter()
+        .filter(|m| MAPPING_NAMES.contains(&m.name()))
+        .collect();
+    let Some(first) = candidates.first() else {
+        return Lookup::Absent;
+    };
     let mut last_error = None;
     for m in &candidates {
         match read_consistent(mem, m.start) {
             Ok((header, payload)) => {
                 let mut warnings = Vec::new();
                 if candidates.len() > 1 {
-                    warnings.push(format!("{} OTEL_CTX mappings; the process context should be a singleton", candidates.len()));
+                    warnings.push(format!(
+                        "{} OTEL_CTX mappings; the process context should be a singleton",
+                        candidates.len()
+                    ));
                 }
                 let pages = m.len() / 4096;
                 if !(m.len() % 4096 == 0 && (pages == 1 || pages == 2)) {
-                    warnings.push(format!("mapping is {} bytes; readers expect exactly 1 or 2 pages", m.len()));
+                    warnings.push(format!(
+                        "mapping is {} bytes; readers expect exactly 1 or 2 pages",
+                        m.len()
+                    ));
                 }
                 if !["rw-p", "r--p", "rw-s"].contains(&m.perms.as_str()) {
-                    warnings.push(format!("mapping permissions {} (readers expect rw-p, r--p or rw-s)", m.perms));
+                    warnings.push(format!(
+                        "mapping permissions {} (readers expect rw-p, r--p or rw-s)",
+                        m.perms
+                    ));
                 }
                 return match decode(&payload) {
-                    Ok(ctx) => Lookup::Found(Box::new(interpret(m.name().to_string(), m.start, header, &ctx, warnings))),
+                    Ok(ctx) => Lookup::Found(Box::new(interpret(
+                        m.name().to_string(),
+                        m.start,
+                        header,
+                        &ctx,
+                        warnings,
+                    ))),
                     Err(e) => Lookup::Invalid {
                         mapping: m.name().to_string(),
                         address: m.start,
@@ -183,8 +211,13 @@ pub fn lookup(maps: &[Mapping], mem: &dyn Memory) -> Lookup {
             Err(e) => last_error = Some((m.name().to_string(), m.start, e)),
         }
     }
-    let (mapping, address, error) = last_error.unwrap_or_else(|| (first.name().to_string(), first.start, String::new()));
-    Lookup::Invalid { mapping, address, error }
+    let (mapping, address, error) =
+        last_error.unwrap_or_else(|| (first.name().to_string(), first.start, String::new()));
+    Lookup::Invalid {
+        mapping,
+        address,
+        error,
+    }
 }
 
 /// The OTEP 4719 reader protocol: returns a header and a payload copy that
@@ -192,13 +225,20 @@ pub fn lookup(maps: &[Mapping], mem: &dyn Memory) -> Lookup {
 pub fn read_consistent(mem: &dyn Memory, address: u64) -> Result<(Header, Vec<u8>), String> {
     let mut b = [0u8; HEADER_SIZE];
     for _ in 0..ATTEMPTS {
-        mem.read(address, &mut b).map_err(|e| format!("header: {e}"))?;
+        mem.read(address, &mut b)
+            .map_err(|e| format!("header: {e}"))?;
         let header = Header::parse(&b);
         if &header.signature != SIGNATURE {
-            return Err(format!("signature {:?} is not OTEL_CTX", String::from_utf8_lossy(&header.signature)));
+            return Err(format!(
+                "signature {:?} is not OTEL_CTX",
+                String::from_utf8_lossy(&header.signature)
+            ));
         }
         if header.version != SUPPORTED_VERSION {
-            return Err(format!("unsupported version {} (supported: {SUPPORTED_VERSION})", header.version));
+            return Err(format!(
+                "unsupported version {} (supported: {SUPPORTED_VERSION})",
+                header.version
+            ));
         }
         if header.published_at_ns == 0 {
             // The writer is mid-update.
@@ -206,19 +246,27 @@ pub fn read_consistent(mem: &dyn Memory, address: u64) -> Result<(Header, Vec<u8
             continue;
         }
         if header.payload_size > MAX_PAYLOAD {
-            return Err(format!("payload_size {} is larger than {MAX_PAYLOAD}", header.payload_size));
+            return Err(format!(
+                "payload_size {} is larger than {MAX_PAYLOAD}",
+                header.payload_size
+            ));
         }
         let mut payload = vec![0u8; header.payload_size as usize];
-        mem.read(header.payload, &mut payload).map_err(|e| format!("payload: {e}"))?;
+        mem.read(header.payload, &mut payload)
+            .map_err(|e| format!("payload: {e}"))?;
         // ORDER: each read is its own system call, so the payload copy is
         // complete before the timestamp is read again.
-        let again = mem.read_u64(address + 16).map_err(|e| format!("header: {e}"))?;
+        let again = mem
+            .read_u64(address + 16)
+            .map_err(|e| format!("header: {e}"))?;
         if u64::from_le(again) == header.published_at_ns {
             return Ok((header, payload));
         }
         std::thread::sleep(RETRY_DELAY);
     }
-    Err(format!("the context stayed mid-update over {ATTEMPTS} attempts"))
+    Err(format!(
+        "the context stayed mid-update over {ATTEMPTS} attempts"
+    ))
 }
 
 /// Decodes a `ProcessContext` payload.
@@ -226,24 +274,51 @@ pub fn decode(payload: &[u8]) -> Result<ProcessContext, prost::DecodeError> {
     ProcessContext::decode(payload)
 }
 
-fn interpret(mapping: String, address: u64, header: Header, ctx: &ProcessContext, mut warnings: Vec<String>) -> Decoded {
+fn interpret(
+    mapping: String,
+    address: u64,
+    header: Header,
+    ctx: &ProcessContext,
+    mut warnings: Vec<String>,
+) -> Decoded {
     let to_map = |kvs: &[KeyValue]| {
         let mut m = Map::new();
         for kv in kvs {
-            m.insert(kv.key.clone(), kv.value.as_ref().map_or(Value::Null, any_to_json));
+            m.insert(
+                kv.key.clone(),
+                kv.value.as_ref().map_or(Value::Null, any_to_json),
+            );
         }
         m
     };
-    let resource_kvs = ctx.resource.as_ref().map(|r| r.attributes.as_slice()).unwrap_or(&[]);
-    if resource_kvs.iter().any(|kv| kv.key.starts_with("threadlocal.")) {
-        warnings.push("threadlocal.* keys found in the resource; they belong in ProcessContext.attributes".into());
+    let resource_kvs = ctx
+        .resource
+        .as_ref()
+        .map(|r| r.attributes.as_slice())
+        .unwrap_or(&[]);
+    if resource_kvs
+        .iter()
+        .any(|kv| kv.key.starts_with("threadlocal."))
+    {
+        warnings.push(
+            "threadlocal.* keys found in the resource; they belong in ProcessContext.attributes"
+                .into(),
+        );
     }
-    let find = |key: &str| ctx.attributes.iter().rev().find(|kv| kv.key == key).and_then(|kv| kv.value.as_ref());
+    let find = |key: &str| {
+        ctx.attributes
+            .iter()
+            .rev()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.as_ref())
+    };
     use any_value::Value as V;
     let schema_version = match find("threadlocal.schema_version").and_then(|v| v.value.as_ref()) {
         Some(V::StringValue(s)) => {
             if !KNOWN_SCHEMAS.contains(&s.as_str()) {
-                warnings.push(format!("threadlocal.schema_version {s:?} is not a TLS record schema this reader knows"));
+                warnings.push(format!(
+                    "threadlocal.schema_version {s:?} is not a TLS record schema this reader knows"
+                ));
             }
             Some(s.clone())
         }
@@ -253,29 +328,33 @@ fn interpret(mapping: String, address: u64, header: Header, ctx: &ProcessContext
         }
         None => None,
     };
-    let attribute_key_map = match find("threadlocal.attribute_key_map").and_then(|v| v.value.as_ref()) {
-        Some(V::ArrayValue(a)) => {
-            let keys: Option<Vec<String>> = a
-                .values
-                .iter()
-                .map(|v| match &v.value {
-                    Some(V::StringValue(s)) => Some(s.clone()),
-                    _ => None,
-                })
-                .collect();
-            if keys.is_none() {
-                warnings.push("threadlocal.attribute_key_map holds non-string values".into());
-            } else if a.values.len() > 256 {
-                warnings.push(format!("threadlocal.attribute_key_map has {} keys (at most 256 are addressable)", a.values.len()));
+    let attribute_key_map =
+        match find("threadlocal.attribute_key_map").and_then(|v| v.value.as_ref()) {
+            Some(V::ArrayValue(a)) => {
+                let keys: Option<Vec<String>> = a
+                    .values
+                    .iter()
+                    .map(|v| match &v.value {
+                        Some(V::StringValue(s)) => Some(s.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                if keys.is_none() {
+                    warnings.push("threadlocal.attribute_key_map holds non-string values".into());
+                } else if a.values.len() > 256 {
+                    warnings.push(format!(
+                        "threadlocal.attribute_key_map has {} keys (at most 256 are addressable)",
+                        a.values.len()
+                    ));
+                }
+                keys
             }
-            keys
-        }
-        Some(_) => {
-            warnings.push("threadlocal.attribute_key_map is not an array".into());
-            None
-        }
-        None => None,
-    };
+            Some(_) => {
+                warnings.push("threadlocal.attribute_key_map is not an array".into());
+                None
+            }
+            None => None,
+        };
     Decoded {
         mapping,
         address,
@@ -297,11 +376,21 @@ pub fn any_to_json(v: &AnyValue) -> Value {
         Some(V::StringValue(s)) => Value::String(s.clone()),
         Some(V::BoolValue(b)) => Value::Bool(*b),
         Some(V::IntValue(i)) => Value::from(*i),
-        Some(V::DoubleValue(d)) => serde_json::Number::from_f64(*d).map_or(Value::Null, Value::Number),
-        Some(V::ArrayValue(a)) => Value::Array(a.values.iter().map(any_to_json).collect()),
-        Some(V::KvlistValue(l)) => {
-            Value::Object(l.values.iter().map(|kv| (kv.key.clone(), kv.value.as_ref().map_or(Value::Null, any_to_json))).collect())
+        Some(V::DoubleValue(d)) => {
+            serde_json::Number::from_f64(*d).map_or(Value::Null, Value::Number)
         }
+        Some(V::ArrayValue(a)) => Value::Array(a.values.iter().map(any_to_json).collect()),
+        Some(V::KvlistValue(l)) => Value::Object(
+            l.values
+                .iter()
+                .map(|kv| {
+                    (
+                        kv.key.clone(),
+                        kv.value.as_ref().map_or(Value::Null, any_to_json),
+                    )
+                })
+                .collect(),
+        ),
         Some(V::BytesValue(b)) => Value::String(crate::record::hex(b)),
     }
 }
@@ -312,11 +401,16 @@ mod tests {
     use crate::memory::fake::FakeMemory;
 
     fn s(v: &str) -> AnyValue {
-        AnyValue { value: Some(any_value::Value::StringValue(v.into())) }
+        AnyValue {
+            value: Some(any_value::Value::StringValue(v.into())),
+        }
     }
 
     fn kv(k: &str, v: AnyValue) -> KeyValue {
-        KeyValue { key: k.into(), value: Some(v) }
+        KeyValue {
+            key: k.into(),
+            value: Some(v),
+        }
     }
 
     fn payload() -> Vec<u8> {
@@ -324,7 +418,12 @@ mod tests {
             resource: Some(Resource {
                 attributes: vec![
                     kv("service.name", s("svc")),
-                    kv("pid", AnyValue { value: Some(any_value::Value::IntValue(42)) }),
+                    kv(
+                        "pid",
+                        AnyValue {
+                            value: Some(any_value::Value::IntValue(42)),
+                        },
+                    ),
                 ],
                 dropped_attributes_count: 0,
             }),
@@ -333,7 +432,9 @@ mod tests {
                 kv(
                     "threadlocal.attribute_key_map",
                     AnyValue {
-                        value: Some(any_value::Value::ArrayValue(ArrayValue { values: vec![s("http.route"), s("user")] })),
+                        value: Some(any_value::Value::ArrayValue(ArrayValue {
+                            values: vec![s("http.route"), s("user")],
+                        })),
                     },
                 ),
             ],
@@ -367,12 +468,17 @@ mod tests {
         let p = payload();
         mem.put(0x1000, &header(123, p.len(), 0x5000));
         mem.put(0x5000, &p);
-        let Lookup::Found(d) = lookup(&[mapping(0x1000)], &mem) else { panic!() };
+        let Lookup::Found(d) = lookup(&[mapping(0x1000)], &mem) else {
+            panic!()
+        };
         assert_eq!(d.header.published_at_ns, 123);
         assert_eq!(d.resource["service.name"], "svc");
         assert_eq!(d.resource["pid"], 42);
         assert_eq!(d.schema_version.as_deref(), Some("tlsdesc_v1_dev"));
-        assert_eq!(d.attribute_key_map, Some(vec!["http.route".into(), "user".into()]));
+        assert_eq!(
+            d.attribute_key_map,
+            Some(vec!["http.route".into(), "user".into()])
+        );
         assert!(d.warnings.is_empty(), "{:?}", d.warnings);
     }
 
@@ -402,7 +508,9 @@ mod tests {
     fn a_context_that_never_settles_is_an_error() {
         let mem = FakeMemory::default();
         mem.put(0x1000, &header(0, 4, 0x5000));
-        assert!(read_consistent(&mem, 0x1000).unwrap_err().contains("mid-update"));
+        assert!(read_consistent(&mem, 0x1000)
+            .unwrap_err()
+            .contains("mid-update"));
     }
 
     #[test]
@@ -411,14 +519,22 @@ mod tests {
         let mut h = header(1, 3, 0x5000);
         h[0] = b'X';
         mem.put(0x1000, &h);
-        assert!(matches!(lookup(&[mapping(0x1000)], &mem), Lookup::Invalid { .. }));
+        assert!(matches!(
+            lookup(&[mapping(0x1000)], &mem),
+            Lookup::Invalid { .. }
+        ));
         let mut h = header(1, 3, 0x5000);
         h[8] = 9;
         mem.put(0x1000, &h);
-        assert!(read_consistent(&mem, 0x1000).unwrap_err().contains("version"));
+        assert!(read_consistent(&mem, 0x1000)
+            .unwrap_err()
+            .contains("version"));
         mem.put(0x1000, &header(1, 3, 0x5000));
         mem.put(0x5000, &[0xff, 0xff, 0xff]);
-        assert!(matches!(lookup(&[mapping(0x1000)], &mem), Lookup::Invalid { .. }));
+        assert!(matches!(
+            lookup(&[mapping(0x1000)], &mem),
+            Lookup::Invalid { .. }
+        ));
         assert_eq!(lookup(&[], &mem), Lookup::Absent);
     }
 }

@@ -79,8 +79,14 @@ fn ptrace(request: libc::c_uint, tid: i32, addr: usize, data: usize) -> libc::c_
 /// A periodic SIGALRM makes the wait return EINTR so the deadline is checked
 /// even if one alarm fires before the call blocks.
 fn wait_stop(tid: i32, deadline: Instant, blocking: bool) -> Option<i32> {
-    let slice = libc::timeval { tv_sec: 0, tv_usec: 2000 };
-    let timer = libc::itimerval { it_interval: slice, it_value: slice };
+    let slice = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 2000,
+    };
+    let timer = libc::itimerval {
+        it_interval: slice,
+        it_value: slice,
+    };
     if blocking {
         // SAFETY: plain system call with a valid itimerval.
         unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
@@ -102,7 +108,16 @@ fn wait_stop(tid: i32, deadline: Instant, blocking: bool) -> Option<i32> {
         }
     };
     if blocking {
-        let off = libc::itimerval { it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 }, it_value: libc::timeval { tv_sec: 0, tv_usec: 0 } };
+        let off = libc::itimerval {
+            it_interval: libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            },
+            it_value: libc::timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            },
+        };
         // SAFETY: as above; disarms the timer.
         unsafe { libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut()) };
     }
@@ -133,20 +148,28 @@ fn classify(status: i32) -> Waited {
 
 fn tracer_of(tid: i32) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("TracerPid:")).and_then(|v| v.trim().parse().ok())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 impl Tracer {
     /// A tracer that waits at most `timeout` for each thread to stop.
     pub fn new(timeout: Duration) -> Tracer {
-        Tracer { timeout, pending: Vec::new() }
+        Tracer {
+            timeout,
+            pending: Vec::new(),
+        }
     }
 
     /// Stops `tid`. The returned guard detaches it when dropped.
     pub fn stop(&mut self, tid: i32) -> Result<Stopped<'_>, StopError> {
         self.settle_pending();
         if self.pending.contains(&tid) {
-            return Err(StopError::Other("thread still has not reached an earlier stop".into()));
+            return Err(StopError::Other(
+                "thread still has not reached an earlier stop".into(),
+            ));
         }
         if ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
             return Err(match errno() {
@@ -164,7 +187,11 @@ impl Tracer {
         if ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) != 0 {
             let e = errno();
             // Seized but not interruptible: it can only have exited.
-            return Err(if e == libc::ESRCH { StopError::Gone } else { StopError::Other(format!("PTRACE_INTERRUPT: errno {e}")) });
+            return Err(if e == libc::ESRCH {
+                StopError::Gone
+            } else {
+                StopError::Other(format!("PTRACE_INTERRUPT: errno {e}"))
+            });
         }
         let deadline = interrupted_at + self.timeout;
         match wait_stop(tid, deadline, true).map(classify) {
@@ -186,14 +213,16 @@ impl Tracer {
 
     /// Detaches threads that reached their stop after a timeout.
     pub fn settle_pending(&mut self) {
-        self.pending.retain(|&tid| match wait_stop(tid, Instant::now(), false).map(classify) {
-            Some(Waited::Stopped(deliver)) => {
-                ptrace(libc::PTRACE_DETACH, tid, 0, deliver as usize);
-                false
-            }
-            Some(Waited::Gone) => false,
-            None => true,
-        });
+        self.pending.retain(
+            |&tid| match wait_stop(tid, Instant::now(), false).map(classify) {
+                Some(Waited::Stopped(deliver)) => {
+                    ptrace(libc::PTRACE_DETACH, tid, 0, deliver as usize);
+                    false
+                }
+                Some(Waited::Gone) => false,
+                None => true,
+            },
+        );
     }
 }
 
@@ -214,8 +243,17 @@ impl Stopped<'_> {
     pub fn thread_pointer(&self) -> Result<u64, String> {
         // SAFETY: user_regs_struct is plain data; zeroed is a valid value.
         let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-        if ptrace(libc::PTRACE_GETREGS, self.tid, 0, &mut regs as *mut _ as usize) != 0 {
-            return Err(format!("PTRACE_GETREGS: {}", std::io::Error::last_os_error()));
+        if ptrace(
+            libc::PTRACE_GETREGS,
+            self.tid,
+            0,
+            &mut regs as *mut _ as usize,
+        ) != 0
+        {
+            return Err(format!(
+                "PTRACE_GETREGS: {}",
+                std::io::Error::last_os_error()
+            ));
         }
         Ok(regs.fs_base)
     }
@@ -225,9 +263,21 @@ impl Stopped<'_> {
     pub fn thread_pointer(&self) -> Result<u64, String> {
         const NT_ARM_TLS: usize = 0x401;
         let mut tpidr = 0u64;
-        let mut iov = libc::iovec { iov_base: (&mut tpidr as *mut u64).cast(), iov_len: 8 };
-        if ptrace(libc::PTRACE_GETREGSET, self.tid, NT_ARM_TLS, &mut iov as *mut _ as usize) != 0 {
-            return Err(format!("PTRACE_GETREGSET(NT_ARM_TLS): {}", std::io::Error::last_os_error()));
+        let mut iov = libc::iovec {
+            iov_base: (&mut tpidr as *mut u64).cast(),
+            iov_len: 8,
+        };
+        if ptrace(
+            libc::PTRACE_GETREGSET,
+            self.tid,
+            NT_ARM_TLS,
+            &mut iov as *mut _ as usize,
+        ) != 0
+        {
+            return Err(format!(
+                "PTRACE_GETREGSET(NT_ARM_TLS): {}",
+                std::io::Error::last_os_error()
+            ));
         }
         Ok(tpidr)
     }
@@ -236,7 +286,10 @@ impl Stopped<'_> {
     pub fn release(mut self) -> StopTimes {
         self.detach();
         let done = Instant::now();
-        StopTimes { to_stop: self.stopped_at - self.interrupted_at, held: done - self.stopped_at }
+        StopTimes {
+            to_stop: self.stopped_at - self.interrupted_at,
+            held: done - self.stopped_at,
+        }
     }
 
     fn detach(&mut self) {

@@ -52,20 +52,28 @@ pub fn read(mem: &dyn Memory, address: u64, with_attrs: bool) -> Result<Record, 
         return Err(format!("record pointer {address:#x} is not 2-byte aligned"));
     }
     let mut b = [0u8; HEADER_SIZE];
-    mem.read(address, &mut b).map_err(|e| format!("record header: {e}"))?;
+    mem.read(address, &mut b)
+        .map_err(|e| format!("record header: {e}"))?;
     let header = Header::parse(&b);
     let mut attrs_data = Vec::new();
     if header.is_valid() {
         let size = header.attrs_data_size as usize;
         if size > MAX_ATTRS_DATA {
-            return Err(format!("attrs_data_size {size} exceeds the {MAX_ATTRS_DATA}-byte limit"));
+            return Err(format!(
+                "attrs_data_size {size} exceeds the {MAX_ATTRS_DATA}-byte limit"
+            ));
         }
         if with_attrs && size > 0 {
             attrs_data.resize(size, 0);
-            mem.read(address + HEADER_SIZE as u64, &mut attrs_data).map_err(|e| format!("attrs_data: {e}"))?;
+            mem.read(address + HEADER_SIZE as u64, &mut attrs_data)
+                .map_err(|e| format!("attrs_data: {e}"))?;
         }
     }
-    Ok(Record { address, header, attrs_data })
+    Ok(Record {
+        address,
+        header,
+        attrs_data,
+    })
 }
 
 /// One attribute entry after "last occurrence wins".
@@ -162,10 +170,25 @@ mod tests {
         let a = decode_attributes(&[0, 1, b'x', 2, 2, b'h', b'i', 0, 1, b'y', 5, 9, b'z']);
         assert_eq!(
             a.entries,
-            vec![Attribute { key_index: 0, value: b"y".to_vec() }, Attribute { key_index: 2, value: b"hi".to_vec() }]
+            vec![
+                Attribute {
+                    key_index: 0,
+                    value: b"y".to_vec()
+                },
+                Attribute {
+                    key_index: 2,
+                    value: b"hi".to_vec()
+                }
+            ]
         );
         assert_eq!(a.trailing_bytes, 3);
         assert_eq!(decode_attributes(&[7]).trailing_bytes, 1);
-        assert_eq!(decode_attributes(&[7, 0]).entries, vec![Attribute { key_index: 7, value: vec![] }]);
+        assert_eq!(
+            decode_attributes(&[7, 0]).entries,
+            vec![Attribute {
+                key_index: 7,
+                value: vec![]
+            }]
+        );
     }
 }

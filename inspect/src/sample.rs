@@ -122,7 +122,10 @@ fn sleep_until(t: Instant) {
             return;
         }
         let d = t - now;
-        let ts = libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long };
+        let ts = libc::timespec {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        };
         // SAFETY: valid timespec; EINTR just loops back to the checks.
         unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
     }
@@ -131,12 +134,22 @@ fn sleep_until(t: Instant) {
 /// Runs the sampler. With `raw`, writes one JSON line per read to `raw`
 /// (flushed per line). Returns the summary, or `Ok(Err(reason))` when the
 /// process publishes no readable thread context (exit 1).
-pub fn run(opts: &Options, mut raw: Option<&mut dyn Write>) -> Result<Result<Summary, String>, Fatal> {
+pub fn run(
+    opts: &Options,
+    mut raw: Option<&mut dyn Write>,
+) -> Result<Result<Summary, String>, Fatal> {
     let target = Target::open(opts.pid)?;
-    let Some(module) = &target.module else { return Ok(Err("no module defines otel_thread_ctx_v1".into())) };
+    let Some(module) = &target.module else {
+        return Ok(Err("no module defines otel_thread_ctx_v1".into()));
+    };
     let resolution = match target.resolution.clone().unwrap() {
         Ok(r) => r,
-        Err(e) => return Ok(Err(format!("cannot resolve otel_thread_ctx_v1 in {}: {e}", module.path))),
+        Err(e) => {
+            return Ok(Err(format!(
+                "cannot resolve otel_thread_ctx_v1 in {}: {e}",
+                module.path
+            )))
+        }
     };
     let period = Duration::from_secs_f64(1.0 / opts.hz);
     let mut tracer = Tracer::new(opts.stop_timeout);
@@ -162,7 +175,15 @@ pub fn run(opts: &Options, mut raw: Option<&mut dyn Write>) -> Result<Result<Sum
             if signals::requested().is_some() {
                 break 'run;
             }
-            let read = thread::read(&mut tracer, tid, &resolution.plan, &target.memory, &tls::HOST, false).map_err(Fatal)?;
+            let read = thread::read(
+                &mut tracer,
+                tid,
+                &resolution.plan,
+                &target.memory,
+                &tls::HOST,
+                false,
+            )
+            .map_err(Fatal)?;
             if matches!(read.outcome, Outcome::Gone) {
                 continue;
             }
@@ -173,10 +194,21 @@ pub fn run(opts: &Options, mut raw: Option<&mut dyn Write>) -> Result<Result<Sum
             }
             let tally = tallies.entry(tid).or_default();
             tally.samples += 1;
-            let mut line = RawSample { tid, t_ns: read.t_ns, valid: false, trace_id: None, span_id: None, trace_flags: None, error: None };
+            let mut line = RawSample {
+                tid,
+                t_ns: read.t_ns,
+                valid: false,
+                trace_id: None,
+                span_id: None,
+                trace_flags: None,
+                error: None,
+            };
             match &read.outcome {
                 Outcome::Record(r) if r.header.is_valid() => {
-                    *tally.spans.entry((r.header.trace_id, r.header.span_id)).or_default() += 1;
+                    *tally
+                        .spans
+                        .entry((r.header.trace_id, r.header.span_id))
+                        .or_default() += 1;
                     line.valid = true;
                     line.trace_id = Some(record::hex(&r.header.trace_id));
                     line.span_id = Some(record::hex(&r.header.span_id));
@@ -190,7 +222,9 @@ pub fn run(opts: &Options, mut raw: Option<&mut dyn Write>) -> Result<Result<Sum
                 Outcome::Gone => unreachable!(),
             }
             if let Some(w) = raw.as_mut() {
-                let ok = serde_json::to_writer(&mut **w, &line).is_ok() && w.write_all(b"\n").is_ok() && w.flush().is_ok();
+                let ok = serde_json::to_writer(&mut **w, &line).is_ok()
+                    && w.write_all(b"\n").is_ok()
+                    && w.flush().is_ok();
                 if !ok {
                     // The consumer went away (e.g. a closed pipe): stop sampling.
                     break 'run;
@@ -244,7 +278,11 @@ pub fn run(opts: &Options, mut raw: Option<&mut dyn Write>) -> Result<Result<Sum
         requested_duration_s: opts.duration.as_secs_f64(),
         elapsed_s: elapsed,
         rounds,
-        achieved_hz: if elapsed > 0.0 { rounds as f64 / elapsed } else { 0.0 },
+        achieved_hz: if elapsed > 0.0 {
+            rounds as f64 / elapsed
+        } else {
+            0.0
+        },
         missed_ticks: missed,
         reads,
         stop_time: StopStats {

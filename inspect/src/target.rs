@@ -34,29 +34,50 @@ impl Target {
         if pid == unsafe { libc::getpid() } {
             return Err(Fatal("refusing to inspect the reader's own process".into()));
         }
-        let status = fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| Fatal(format!("no such process: {pid}")))?;
-        let tgid = status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse::<i32>().ok());
+        let status = fs::read_to_string(format!("/proc/{pid}/status"))
+            .map_err(|_| Fatal(format!("no such process: {pid}")))?;
+        let tgid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Tgid:"))
+            .and_then(|v| v.trim().parse::<i32>().ok());
         if let Some(tgid) = tgid.filter(|&t| t != pid) {
-            return Err(Fatal(format!("{pid} is a thread of process {tgid}; pass the process id")));
+            return Err(Fatal(format!(
+                "{pid} is a thread of process {tgid}; pass the process id"
+            )));
         }
         let maps = maps::read(pid).map_err(|e| match e.kind() {
             ErrorKind::NotFound => Fatal(format!("no such process: {pid}")),
-            ErrorKind::PermissionDenied => Fatal(format!("permission denied reading /proc/{pid}/maps (run as root or as the target's user)")),
+            ErrorKind::PermissionDenied => Fatal(format!(
+                "permission denied reading /proc/{pid}/maps (run as root or as the target's user)"
+            )),
             _ => Fatal(format!("cannot read /proc/{pid}/maps: {e}")),
         })?;
         if maps.is_empty() {
-            return Err(Fatal(format!("process {pid} has no memory mappings (a zombie or kernel thread)")));
+            return Err(Fatal(format!(
+                "process {pid} has no memory mappings (a zombie or kernel thread)"
+            )));
         }
         let memory = ProcessMemory::new(pid);
         let discovery = discovery::discover(pid, &maps);
         let module = discovery.modules.first().cloned();
-        let resolution = module.as_ref().map(|m| tls::resolve(m, &memory, &tls::HOST));
+        let resolution = module
+            .as_ref()
+            .map(|m| tls::resolve(m, &memory, &tls::HOST));
         if let (Some(Err(e)), Some(m)) = (&resolution, &module) {
             // Distinguish "not allowed to read memory" (usage) from a bad target.
             if e.contains("Operation not permitted") || e.contains("Permission denied") {
-                return Err(Fatal(format!("permission denied reading the memory of {pid} ({}): {e}", m.path)));
+                return Err(Fatal(format!(
+                    "permission denied reading the memory of {pid} ({}): {e}",
+                    m.path
+                )));
             }
         }
-        Ok(Target { maps, memory, discovery, module, resolution })
+        Ok(Target {
+            maps,
+            memory,
+            discovery,
+            module,
+            resolution,
+        })
     }
 }

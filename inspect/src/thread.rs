@@ -38,7 +38,10 @@ pub struct ThreadRead {
 
 /// CLOCK_MONOTONIC in nanoseconds.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -46,8 +49,22 @@ pub fn monotonic_ns() -> u64 {
 
 /// Reads `tid`'s context while it is stopped. Returns `Err` only for a
 /// permission failure, which makes every further attempt pointless.
-pub fn read(tracer: &mut Tracer, tid: i32, plan: &Plan, mem: &dyn Memory, abi: &Abi, with_attrs: bool) -> Result<ThreadRead, String> {
-    let mut out = ThreadRead { t_ns: 0, thread_pointer: None, variable: None, pointer: None, outcome: Outcome::Gone, times: None };
+pub fn read(
+    tracer: &mut Tracer,
+    tid: i32,
+    plan: &Plan,
+    mem: &dyn Memory,
+    abi: &Abi,
+    with_attrs: bool,
+) -> Result<ThreadRead, String> {
+    let mut out = ThreadRead {
+        t_ns: 0,
+        thread_pointer: None,
+        variable: None,
+        pointer: None,
+        outcome: Outcome::Gone,
+        times: None,
+    };
     let stopped = match tracer.stop(tid) {
         Ok(s) => s,
         Err(StopError::Gone) => return Ok(out),
@@ -68,7 +85,9 @@ pub fn read(tracer: &mut Tracer, tid: i32, plan: &Plan, mem: &dyn Memory, abi: &
             Location::Unallocated(why) => return Ok(Outcome::NoRecord(why)),
         };
         out.variable = Some(var);
-        let ptr = mem.read_u64(var).map_err(|e| format!("otel_thread_ctx_v1: {e}"))?;
+        let ptr = mem
+            .read_u64(var)
+            .map_err(|e| format!("otel_thread_ctx_v1: {e}"))?;
         out.pointer = Some(ptr);
         if ptr == 0 {
             return Ok(Outcome::NoRecord("otel_thread_ctx_v1 is NULL".into()));
@@ -83,7 +102,10 @@ pub fn read(tracer: &mut Tracer, tid: i32, plan: &Plan, mem: &dyn Memory, abi: &
 /// The target's thread ids, ascending. Empty if the process is gone.
 pub fn list(pid: i32) -> Vec<i32> {
     let mut tids: Vec<i32> = fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
         .unwrap_or_default();
     tids.sort_unstable();
     tids
@@ -91,5 +113,7 @@ pub fn list(pid: i32) -> Vec<i32> {
 
 /// The thread's name (`/proc/<pid>/task/<tid>/comm`).
 pub fn name(pid: i32, tid: i32) -> String {
-    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).map(|s| s.trim_end().to_string()).unwrap_or_default()
+    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_default()
 }

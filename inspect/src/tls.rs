@@ -41,7 +41,10 @@ pub struct Abi {
 pub const X86_64: Abi = Abi {
     variant: Variant::II,
     dtv_pointer_offset: 8,
-    static_resolver_code: &[&[0x48, 0x8b, 0x40, 0x08, 0xc3], &[0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x40, 0x08, 0xc3]],
+    static_resolver_code: &[
+        &[0x48, 0x8b, 0x40, 0x08, 0xc3],
+        &[0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x40, 0x08, 0xc3],
+    ],
 };
 
 /// arm64 glibc: `tcbhead_t { dtv_t *dtv; void *private; }` at `tpidr_el0`;
@@ -52,7 +55,9 @@ pub const AARCH64: Abi = Abi {
     dtv_pointer_offset: 0,
     static_resolver_code: &[
         &[0x00, 0x04, 0x40, 0xf9, 0xc0, 0x03, 0x5f, 0xd6],
-        &[0x5f, 0x24, 0x03, 0xd5, 0x00, 0x04, 0x40, 0xf9, 0xc0, 0x03, 0x5f, 0xd6],
+        &[
+            0x5f, 0x24, 0x03, 0xd5, 0x00, 0x04, 0x40, 0xf9, 0xc0, 0x03, 0x5f, 0xd6,
+        ],
     ],
 };
 
@@ -100,8 +105,12 @@ pub fn resolve(module: &DefiningModule, mem: &dyn Memory, abi: &Abi) -> Result<R
     let got_address = module.model.got().map(|g| module.bias.wrapping_add(g));
     let read_pair = |addr: u64| -> Result<(u64, u64), String> {
         let mut b = [0u8; 16];
-        mem.read(addr, &mut b).map_err(|e| format!("GOT slot: {e}"))?;
-        Ok((u64::from_ne_bytes(b[..8].try_into().unwrap()), u64::from_ne_bytes(b[8..].try_into().unwrap())))
+        mem.read(addr, &mut b)
+            .map_err(|e| format!("GOT slot: {e}"))?;
+        Ok((
+            u64::from_ne_bytes(b[..8].try_into().unwrap()),
+            u64::from_ne_bytes(b[8..].try_into().unwrap()),
+        ))
     };
     let (plan, path, evidence) = match module.model {
         AccessModel::Tlsdesc { .. } => {
@@ -176,7 +185,12 @@ pub fn resolve(module: &DefiningModule, mem: &dyn Memory, abi: &Abi) -> Result<R
             return Err("no TLS relocation in the module references otel_thread_ctx_v1, so its TLS offset cannot be found".into())
         }
     };
-    Ok(Resolution { plan, path, evidence, got_address })
+    Ok(Resolution {
+        plan,
+        path,
+        evidence,
+        got_address,
+    })
 }
 
 fn is_static_resolver(mem: &dyn Memory, abi: &Abi, resolver: u64) -> bool {
@@ -235,12 +249,16 @@ pub fn locate(plan: &Plan, tp: u64, mem: &dyn Memory, abi: &Abi) -> Result<Locat
     match *plan {
         Plan::Static { tp_offset } => Ok(Location::At(tp.wrapping_add(tp_offset as u64))),
         Plan::Dtv { module_id, offset } => {
-            let dtv = mem.read_u64(tp + abi.dtv_pointer_offset).map_err(|e| format!("DTV pointer: {e}"))?;
+            let dtv = mem
+                .read_u64(tp + abi.dtv_pointer_offset)
+                .map_err(|e| format!("DTV pointer: {e}"))?;
             if dtv == 0 {
                 return Err("thread has no DTV".into());
             }
             // dtv[-1] holds the number of slots, dtv[0] the generation.
-            let len = mem.read_u64(dtv.wrapping_sub(DTV_ENTRY_SIZE)).map_err(|e| format!("DTV length: {e}"))?;
+            let len = mem
+                .read_u64(dtv.wrapping_sub(DTV_ENTRY_SIZE))
+                .map_err(|e| format!("DTV length: {e}"))?;
             if len >= MAX_DTV_LEN {
                 return Err(format!("DTV at {dtv:#x} claims {len} slots: garbage"));
             }
@@ -249,7 +267,9 @@ pub fn locate(plan: &Plan, tp: u64, mem: &dyn Memory, abi: &Abi) -> Result<Locat
                     "module {module_id} is beyond this thread's DTV ({len} slots): the thread never touched the variable"
                 )));
             }
-            let block = mem.read_u64(dtv + module_id * DTV_ENTRY_SIZE).map_err(|e| format!("DTV entry: {e}"))?;
+            let block = mem
+                .read_u64(dtv + module_id * DTV_ENTRY_SIZE)
+                .map_err(|e| format!("DTV entry: {e}"))?;
             if block == DTV_UNALLOCATED || block == 0 {
                 return Ok(Location::Unallocated(format!(
                     "DTV slot {module_id} is unallocated: the thread never touched the variable"
@@ -277,8 +297,15 @@ mod tests {
                 value: 0x18,
                 size: 8,
                 sym_type: object::elf::STT_TLS,
-                tls_segment: Some(TlsSegment { vaddr: 0x2000, memsz: 0x40, align: 16 }),
-                loads: vec![LoadSegment { offset: 0, vaddr: 0 }],
+                tls_segment: Some(TlsSegment {
+                    vaddr: 0x2000,
+                    memsz: 0x40,
+                    align: 16,
+                }),
+                loads: vec![LoadSegment {
+                    offset: 0,
+                    vaddr: 0,
+                }],
                 relocations: vec![],
             },
             model,
@@ -293,11 +320,17 @@ mod tests {
     fn static_descriptor_yields_the_thread_pointer_offset() {
         let mem = FakeMemory::default();
         mem.put(0x7000_0100, &words(&[0x5000, (-0x88i64) as u64]));
-        mem.put(0x5000, &[0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x40, 0x08, 0xc3]);
+        mem.put(
+            0x5000,
+            &[0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x40, 0x08, 0xc3],
+        );
         let r = resolve(&module(AccessModel::Tlsdesc { got: 0x100 }), &mem, &X86_64).unwrap();
         assert_eq!(r.plan, Plan::Static { tp_offset: -0x88 });
         assert_eq!(r.path, "tlsdesc-static");
-        assert_eq!(locate(&r.plan, 0x9000, &mem, &X86_64).unwrap(), Location::At(0x9000 - 0x88));
+        assert_eq!(
+            locate(&r.plan, 0x9000, &mem, &X86_64).unwrap(),
+            Location::At(0x9000 - 0x88)
+        );
     }
 
     #[test]
@@ -307,16 +340,40 @@ mod tests {
         mem.put(0x5000, &[0x90; 16]); // some other resolver
         mem.put(0x6000, &words(&[3, 0x18, 7]));
         let r = resolve(&module(AccessModel::Tlsdesc { got: 0x100 }), &mem, &X86_64).unwrap();
-        assert_eq!(r.plan, Plan::Dtv { module_id: 3, offset: 0x18 });
+        assert_eq!(
+            r.plan,
+            Plan::Dtv {
+                module_id: 3,
+                offset: 0x18
+            }
+        );
         assert_eq!(r.path, "tlsdesc-dtv");
         // tcb at 0x9000: dtv pointer at +8 -> 0xa010; dtv[-1] = 4 slots.
         mem.put(0x9000, &words(&[0x9000, 0xa010]));
-        mem.put(0xa000, &words(&[4, 0, 9, 0, 0xb000, 0, 0xc000, 0, 0xd000, 0, u64::MAX, 0]));
-        assert_eq!(locate(&r.plan, 0x9000, &mem, &X86_64).unwrap(), Location::At(0xd018));
-        let unalloc = Plan::Dtv { module_id: 4, offset: 0 };
-        assert!(matches!(locate(&unalloc, 0x9000, &mem, &X86_64).unwrap(), Location::Unallocated(_)));
-        let beyond = Plan::Dtv { module_id: 5, offset: 0 };
-        assert!(matches!(locate(&beyond, 0x9000, &mem, &X86_64).unwrap(), Location::Unallocated(_)));
+        mem.put(
+            0xa000,
+            &words(&[4, 0, 9, 0, 0xb000, 0, 0xc000, 0, 0xd000, 0, u64::MAX, 0]),
+        );
+        assert_eq!(
+            locate(&r.plan, 0x9000, &mem, &X86_64).unwrap(),
+            Location::At(0xd018)
+        );
+        let unalloc = Plan::Dtv {
+            module_id: 4,
+            offset: 0,
+        };
+        assert!(matches!(
+            locate(&unalloc, 0x9000, &mem, &X86_64).unwrap(),
+            Location::Unallocated(_)
+        ));
+        let beyond = Plan::Dtv {
+            module_id: 5,
+            offset: 0,
+        };
+        assert!(matches!(
+            locate(&beyond, 0x9000, &mem, &X86_64).unwrap(),
+            Location::Unallocated(_)
+        ));
     }
 
     #[test]
@@ -332,10 +389,26 @@ mod tests {
     fn legacy_general_dynamic_reads_the_tls_index() {
         let mem = FakeMemory::default();
         mem.put(0x7000_0200, &words(&[2, 0x18]));
-        let r = resolve(&module(AccessModel::GlobalDynamic { got: 0x200 }), &mem, &X86_64).unwrap();
-        assert_eq!(r.plan, Plan::Dtv { module_id: 2, offset: 0x18 });
+        let r = resolve(
+            &module(AccessModel::GlobalDynamic { got: 0x200 }),
+            &mem,
+            &X86_64,
+        )
+        .unwrap();
+        assert_eq!(
+            r.plan,
+            Plan::Dtv {
+                module_id: 2,
+                offset: 0x18
+            }
+        );
         mem.put(0x7000_0300, &words(&[0]));
-        assert!(resolve(&module(AccessModel::GlobalDynamic { got: 0x300 }), &mem, &X86_64).is_err());
+        assert!(resolve(
+            &module(AccessModel::GlobalDynamic { got: 0x300 }),
+            &mem,
+            &X86_64
+        )
+        .is_err());
     }
 
     #[test]
@@ -343,8 +416,26 @@ mod tests {
         let mem = FakeMemory::default();
         mem.put(0x9000, &words(&[0x9000, 0xa010]));
         mem.put(0xa000, &words(&[u64::MAX / 2, 0]));
-        assert!(locate(&Plan::Dtv { module_id: 1, offset: 0 }, 0x9000, &mem, &X86_64).is_err());
-        assert!(locate(&Plan::Dtv { module_id: 1, offset: 0 }, 0x1234, &mem, &X86_64).is_err());
+        assert!(locate(
+            &Plan::Dtv {
+                module_id: 1,
+                offset: 0
+            },
+            0x9000,
+            &mem,
+            &X86_64
+        )
+        .is_err());
+        assert!(locate(
+            &Plan::Dtv {
+                module_id: 1,
+                offset: 0
+            },
+            0x1234,
+            &mem,
+            &X86_64
+        )
+        .is_err());
     }
 
     #[test]

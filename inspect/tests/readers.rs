@@ -26,22 +26,48 @@ fn fixtures() -> &'static Path {
         let writer = src.join("writer.c");
         let host = src.join("host.c");
         let o = |name: &str| out.join(name).to_str().unwrap().to_string();
-        let (desc, big, gd, ie) = (o("libdesc.so"), o("libbig.so"), o("libgd.so"), o("libwriter_ie.so"));
+        let (desc, big, gd, ie) = (
+            o("libdesc.so"),
+            o("libbig.so"),
+            o("libgd.so"),
+            o("libwriter_ie.so"),
+        );
         let (h_dl, h_exe, h_ie) = (o("host_dlopen"), o("host_exe"), o("host_ie"));
         let (w, h) = (writer.to_str().unwrap(), host.to_str().unwrap());
         let rpath = format!("-Wl,-rpath,{}", out.display());
         let libdir = format!("-L{}", out.display());
         let builds: Vec<Vec<&str>> = vec![
             vec!["-fPIC", "-shared", "-mtls-dialect=gnu2", "-o", &desc, w],
-            vec!["-fPIC", "-shared", "-mtls-dialect=gnu2", "-DBIG_TLS", "-o", &big, w],
+            vec![
+                "-fPIC",
+                "-shared",
+                "-mtls-dialect=gnu2",
+                "-DBIG_TLS",
+                "-o",
+                &big,
+                w,
+            ],
             vec!["-fPIC", "-shared", "-mtls-dialect=gnu", "-o", &gd, w],
             vec!["-fPIC", "-shared", "-ftls-model=initial-exec", "-o", &ie, w],
             vec!["-DMODE_DLOPEN", "-o", &h_dl, h, "-ldl", "-lpthread"],
             vec!["-DMODE_EXE", "-rdynamic", "-o", &h_exe, h, "-lpthread"],
-            vec!["-DMODE_LINKED", "-o", &h_ie, h, &libdir, "-lwriter_ie", &rpath, "-lpthread"],
+            vec![
+                "-DMODE_LINKED",
+                "-o",
+                &h_ie,
+                h,
+                &libdir,
+                "-lwriter_ie",
+                &rpath,
+                "-lpthread",
+            ],
         ];
         for args in builds {
-            let st = Command::new("gcc").args(["-O1", "-g", "-Wall", "-Werror"]).args(&args).status().expect("gcc runs");
+            let st = Command::new("gcc")
+                .args(["-O1", "-g", "-Wall", "-Werror"])
+                .args(&args)
+                .status()
+                .expect("gcc runs");
             assert!(st.success(), "gcc {args:?} failed");
         }
         out
@@ -50,7 +76,11 @@ fn fixtures() -> &'static Path {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Expect {
-    Valid { trace: String, span: String, flags: u64 },
+    Valid {
+        trace: String,
+        span: String,
+        flags: u64,
+    },
     Invalid,
     Null,
     Untouched,
@@ -89,9 +119,17 @@ fn spawn(program: &str, args: &[&str]) -> Fixture {
             }
         }
     });
-    let mut f = Fixture { pid: child.id() as i32, child, expect: HashMap::new(), context_published_at: None, anon_naming_unsupported: false };
+    let mut f = Fixture {
+        pid: child.id() as i32,
+        child,
+        expect: HashMap::new(),
+        context_published_at: None,
+        anon_naming_unsupported: false,
+    };
     loop {
-        let line = rx.recv_timeout(Duration::from_secs(20)).expect("fixture prints ready");
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("fixture prints ready");
         let w: Vec<&str> = line.split_whitespace().collect();
         match w.as_slice() {
             ["ready", _] => break,
@@ -100,7 +138,11 @@ fn spawn(program: &str, args: &[&str]) -> Fixture {
             ["expect", tid, "valid", trace, span, flags] => {
                 f.expect.insert(
                     tid.parse().unwrap(),
-                    Expect::Valid { trace: trace.to_string(), span: span.to_string(), flags: flags.parse().unwrap() },
+                    Expect::Valid {
+                        trace: trace.to_string(),
+                        span: span.to_string(),
+                        flags: flags.parse().unwrap(),
+                    },
                 );
             }
             ["expect", tid, role] => {
@@ -121,13 +163,21 @@ fn spawn(program: &str, args: &[&str]) -> Fixture {
 }
 
 fn reader(args: &[&str]) -> Output {
-    Command::new(READER).args(args).output().expect("reader runs")
+    Command::new(READER)
+        .args(args)
+        .output()
+        .expect("reader runs")
 }
 
 fn inspect_json(pid: i32) -> (i32, Value) {
     let out = reader(&["inspect", "--pid", &pid.to_string(), "--json"]);
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bad JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     (out.status.code().unwrap(), report)
 }
 
@@ -135,10 +185,24 @@ fn inspect_json(pid: i32) -> (i32, Value) {
 fn assert_running_untraced(pid: i32) {
     for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let tid = entry.unwrap().file_name();
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/task/{}/status", tid.to_str().unwrap())) else { continue };
-        let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).unwrap().trim().to_string();
+        let Ok(status) =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{}/status", tid.to_str().unwrap()))
+        else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
         let state = field("State:");
-        assert!(!state.starts_with('t') && !state.starts_with('T'), "thread {tid:?} left in state {state}");
+        assert!(
+            !state.starts_with('t') && !state.starts_with('T'),
+            "thread {tid:?} left in state {state}"
+        );
         assert_eq!(field("TracerPid:"), "0", "thread {tid:?} left traced");
     }
 }
@@ -146,10 +210,17 @@ fn assert_running_untraced(pid: i32) {
 /// Checks every fixture thread in the report against what it published.
 fn assert_threads(report: &Value, f: &Fixture, path: &str) {
     let threads = report["threads"].as_array().unwrap();
-    assert_eq!(threads.len(), f.expect.len(), "one entry per thread: {threads:#?}");
+    assert_eq!(
+        threads.len(),
+        f.expect.len(),
+        "one entry per thread: {threads:#?}"
+    );
     let mut offsets = Vec::new();
     for (tid, expect) in &f.expect {
-        let t = threads.iter().find(|t| t["tid"] == *tid).unwrap_or_else(|| panic!("thread {tid} missing"));
+        let t = threads
+            .iter()
+            .find(|t| t["tid"] == *tid)
+            .unwrap_or_else(|| panic!("thread {tid} missing"));
         let status = t["status"].as_str().unwrap();
         match expect {
             Expect::Valid { trace, span, flags } => {
@@ -175,25 +246,51 @@ fn assert_threads(report: &Value, f: &Fixture, path: &str) {
                 assert_eq!(t["tls"]["pointer"], "0x10");
             }
         }
-        assert_eq!(t["name"], report["threads"][0]["name"], "names come from comm");
+        assert_eq!(
+            t["name"], report["threads"][0]["name"],
+            "names come from comm"
+        );
         assert_eq!(t["tls"]["path"], path);
-        let tp = u64::from_str_radix(t["tls"]["thread_pointer"].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+        let tp = u64::from_str_radix(
+            t["tls"]["thread_pointer"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("0x"),
+            16,
+        )
+        .unwrap();
         assert_ne!(tp, 0);
-        if let (Some(var), Some(off)) = (t["tls"]["variable_address"].as_str(), t["tls"]["tp_offset"].as_i64()) {
+        if let (Some(var), Some(off)) = (
+            t["tls"]["variable_address"].as_str(),
+            t["tls"]["tp_offset"].as_i64(),
+        ) {
             let var = u64::from_str_radix(var.trim_start_matches("0x"), 16).unwrap();
-            assert_eq!(var, tp.wrapping_add(off as u64), "variable = thread pointer + offset");
+            assert_eq!(
+                var,
+                tp.wrapping_add(off as u64),
+                "variable = thread pointer + offset"
+            );
             offsets.push(off);
         }
     }
     if path.ends_with("-static") {
         assert_eq!(offsets.len(), f.expect.len());
-        assert!(offsets.iter().all(|&o| o == offsets[0]), "one static offset for all threads");
+        assert!(
+            offsets.iter().all(|&o| o == offsets[0]),
+            "one static offset for all threads"
+        );
         assert_eq!(report["symbol"]["resolution"]["tp_offset"], offsets[0]);
     }
 }
 
 fn main_thread_attributes(report: &Value, pid: i32) -> Value {
-    report["threads"].as_array().unwrap().iter().find(|t| t["tid"] == pid).unwrap()["record"]["attributes"].clone()
+    report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == pid)
+        .unwrap()["record"]["attributes"]
+        .clone()
 }
 
 #[test]
@@ -205,7 +302,10 @@ fn tlsdesc_library_resolved_to_static_tls_with_a_memfd_process_context() {
     assert_eq!(r["conformant"], true);
     assert_eq!(r["symbol"]["module"], lib.to_str().unwrap());
     assert_eq!(r["symbol"]["access_model"], "tlsdesc");
-    assert!(r["symbol"]["relocations"][0]["type"].as_str().unwrap().ends_with("_TLSDESC"));
+    assert!(r["symbol"]["relocations"][0]["type"]
+        .as_str()
+        .unwrap()
+        .ends_with("_TLSDESC"));
     assert_threads(&r, &f, "tlsdesc-static");
     let pc = &r["process_context"];
     assert_eq!(pc["status"], "ok", "{pc:#}");
@@ -215,7 +315,10 @@ fn tlsdesc_library_resolved_to_static_tls_with_a_memfd_process_context() {
     assert_eq!(pc["resource"]["service.name"], "fixture-svc");
     assert_eq!(pc["resource"]["process.pid"], 4242);
     assert_eq!(pc["schema_version"], "tlsdesc_v1_dev");
-    assert_eq!(pc["attribute_key_map"], serde_json::json!(["http.route", "user.id"]));
+    assert_eq!(
+        pc["attribute_key_map"],
+        serde_json::json!(["http.route", "user.id"])
+    );
     // key 0 appears twice (last wins); key 7 is not in the map.
     assert_eq!(
         main_thread_attributes(&r, f.pid),
@@ -237,10 +340,26 @@ fn tlsdesc_library_resolved_through_the_dtv() {
     assert_eq!(r["symbol"]["access_model"], "tlsdesc");
     assert_threads(&r, &f, "tlsdesc-dtv");
     assert!(r["symbol"]["resolution"]["module_id"].as_u64().unwrap() >= 1);
-    assert_eq!(r["symbol"]["resolution"]["module_offset"], r["symbol"]["st_value"]);
-    let untouched = f.expect.iter().find(|(_, e)| **e == Expect::Untouched).unwrap().0;
-    let t = r["threads"].as_array().unwrap().iter().find(|t| t["tid"] == *untouched).unwrap();
-    assert!(t["reason"].as_str().unwrap().contains("unallocated"), "{t:#}");
+    assert_eq!(
+        r["symbol"]["resolution"]["module_offset"],
+        r["symbol"]["st_value"]
+    );
+    let untouched = f
+        .expect
+        .iter()
+        .find(|(_, e)| **e == Expect::Untouched)
+        .unwrap()
+        .0;
+    let t = r["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == *untouched)
+        .unwrap();
+    assert!(
+        t["reason"].as_str().unwrap().contains("unallocated"),
+        "{t:#}"
+    );
     if f.anon_naming_unsupported {
         // The kernel cannot name anonymous mappings: nothing to find.
         assert_eq!(r["process_context"]["status"], "absent");
@@ -259,7 +378,11 @@ fn legacy_general_dynamic_library() {
     assert_eq!(code, 0, "{r:#}");
     assert_eq!(r["symbol"]["access_model"], "global-dynamic");
     assert_threads(&r, &f, "global-dynamic-dtv");
-    assert!(r["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains("legacy general-dynamic")));
+    assert!(r["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|w| w.as_str().unwrap().contains("legacy general-dynamic")));
     assert_eq!(main_thread_attributes(&r, f.pid)[1]["value"], "42");
     assert_running_untraced(f.pid);
 }
@@ -296,7 +419,11 @@ fn a_wild_record_pointer_is_an_error_entry_and_exit_1() {
     assert_eq!(code, 1, "{r:#}");
     assert_eq!(r["conformant"], false);
     assert_threads(&r, &f, "tlsdesc-static");
-    assert!(r["problems"][0].as_str().unwrap().contains("cannot read"), "{:#}", r["problems"]);
+    assert!(
+        r["problems"][0].as_str().unwrap().contains("cannot read"),
+        "{:#}",
+        r["problems"]
+    );
     let human = reader(&["inspect", "--pid", &f.pid.to_string()]);
     assert_eq!(human.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&human.stdout).contains("NOT conformant"));
@@ -307,8 +434,23 @@ fn a_wild_record_pointer_is_an_error_entry_and_exit_1() {
 fn sample_reports_each_threads_span_and_raw_reads() {
     let lib = fixtures().join("libdesc.so");
     let f = spawn("host_dlopen", &[lib.to_str().unwrap()]);
-    let out = reader(&["sample", "--pid", &f.pid.to_string(), "--hz", "100", "--duration", "0.5", "--raw", "--json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = reader(&[
+        "sample",
+        "--pid",
+        &f.pid.to_string(),
+        "--hz",
+        "100",
+        "--duration",
+        "0.5",
+        "--raw",
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut per_thread: HashMap<i64, usize> = HashMap::new();
     for line in String::from_utf8(out.stdout).unwrap().lines() {
         let s: Value = serde_json::from_str(line).unwrap();
@@ -331,7 +473,10 @@ fn sample_reports_each_threads_span_and_raw_reads() {
     assert_eq!(per_thread.len(), 6);
     let summary: Value = serde_json::from_slice(&out.stderr).unwrap();
     let rounds = summary["rounds"].as_u64().unwrap();
-    assert!((10..=60).contains(&rounds), "about 50 rounds in 0.5 s at 100 Hz, got {rounds}");
+    assert!(
+        (10..=60).contains(&rounds),
+        "about 50 rounds in 0.5 s at 100 Hz, got {rounds}"
+    );
     assert!(per_thread.values().all(|&n| n as u64 == rounds));
     for t in summary["threads"].as_array().unwrap() {
         match &f.expect[&(t["tid"].as_i64().unwrap() as i32)] {
@@ -354,7 +499,16 @@ fn sigterm_mid_sample_leaves_the_target_running() {
     let f = spawn("host_dlopen", &[lib.to_str().unwrap()]);
     for delay_ms in [50, 137, 311] {
         let s = Command::new(READER)
-            .args(["sample", "--pid", &f.pid.to_string(), "--hz", "5000", "--duration", "30", "--json"])
+            .args([
+                "sample",
+                "--pid",
+                &f.pid.to_string(),
+                "--hz",
+                "5000",
+                "--duration",
+                "30",
+                "--json",
+            ])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
