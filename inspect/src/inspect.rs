@@ -350,11 +350,7 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
             pointer: read.pointer.map(hex_addr),
         });
         let (status, reason, record) = match read.outcome {
-            Outcome::Gone => (
-                "exited",
-                Some("thread exited while being read".to_string()),
-                None,
-            ),
+            Outcome::Gone => ("exited", Some("the thread has exited".to_string()), None),
             Outcome::NoRecord(why) => ("no-record", Some(why), None),
             Outcome::Error(e) => {
                 problems.push(format!("thread {tid}: {e}"));

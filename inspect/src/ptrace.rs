@@ -146,12 +146,18 @@ fn classify(status: i32) -> Waited {
     }
 }
 
-fn tracer_of(tid: i32) -> Option<i32> {
+/// `TracerPid` and state letter of a thread, from `/proc/<tid>/status`.
+fn trace_status(tid: i32) -> Option<(i32, char)> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("TracerPid:"))
-        .and_then(|v| v.trim().parse().ok())
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let tracer = field("TracerPid:")?.parse().ok()?;
+    let state = field("State:")?.chars().next()?;
+    Some((tracer, state))
 }
 
 impl Tracer {
@@ -174,8 +180,11 @@ impl Tracer {
         if ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
             return Err(match errno() {
                 libc::ESRCH => StopError::Gone,
-                libc::EPERM => match tracer_of(tid) {
-                    Some(t) if t != 0 => StopError::Busy(format!("thread is already traced by pid {t}")),
+                libc::EPERM => match trace_status(tid) {
+                    Some((t, _)) if t != 0 => StopError::Busy(format!("thread is already traced by pid {t}")),
+                    // A zombie (e.g. a main thread that called pthread_exit)
+                    // cannot be traced and has no context left to read.
+                    Some((_, 'Z' | 'X')) | None => StopError::Gone,
                     _ => StopError::Permission(
                         "permission denied by ptrace (run as root, or as the target's user with kernel.yama.ptrace_scope=0, or grant CAP_SYS_PTRACE)".into(),
                     ),

@@ -52,13 +52,27 @@ impl Target {
             )),
             _ => Fatal(format!("cannot read /proc/{pid}/maps: {e}")),
         })?;
-        if maps.is_empty() {
-            return Err(Fatal(format!(
-                "process {pid} has no memory mappings (a zombie or kernel thread)"
-            )));
-        }
-        let memory = ProcessMemory::new(pid);
-        let discovery = discovery::discover(pid, &maps);
+        // A main thread that called pthread_exit is a zombie without an
+        // address space; any live thread of the process shows the same one.
+        let (live, maps) = if maps.is_empty() {
+            crate::thread::list(pid)
+                .into_iter()
+                .find_map(|tid| {
+                    maps::read(tid)
+                        .ok()
+                        .filter(|m| !m.is_empty())
+                        .map(|m| (tid, m))
+                })
+                .ok_or_else(|| {
+                    Fatal(format!(
+                        "process {pid} has no memory mappings (a zombie or kernel thread)"
+                    ))
+                })?
+        } else {
+            (pid, maps)
+        };
+        let memory = ProcessMemory::new(live);
+        let discovery = discovery::discover(live, &maps);
         let module = discovery.modules.first().cloned();
         let resolution = module
             .as_ref()

@@ -431,6 +431,45 @@ fn a_wild_record_pointer_is_an_error_entry_and_exit_1() {
 }
 
 #[test]
+fn a_process_whose_main_thread_exited_is_read_through_its_live_threads() {
+    let lib = fixtures().join("libdesc.so");
+    let mut f = spawn("host_dlopen", &[lib.to_str().unwrap(), "leader-exits"]);
+    // Wait until the leader is a zombie.
+    let status = format!("/proc/{}/status", f.pid);
+    for _ in 0..200 {
+        if std::fs::read_to_string(&status)
+            .unwrap()
+            .contains("State:\tZ")
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, r) = inspect_json(f.pid);
+    assert_eq!(code, 0, "{r:#}");
+    let main = r["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == f.pid)
+        .unwrap()
+        .clone();
+    assert_eq!(main["status"], "exited", "{main:#}");
+    f.expect.remove(&f.pid);
+    let others: Vec<Value> = r["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["tid"] != f.pid)
+        .cloned()
+        .collect();
+    let mut rest = r.clone();
+    rest["threads"] = Value::Array(others);
+    assert_threads(&rest, &f, "tlsdesc-static");
+    assert_running_untraced(f.pid);
+}
+
+#[test]
 fn sample_reports_each_threads_span_and_raw_reads() {
     let lib = fixtures().join("libdesc.so");
     let f = spawn("host_dlopen", &[lib.to_str().unwrap()]);
