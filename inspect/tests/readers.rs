@@ -577,3 +577,36 @@ fn exit_codes_for_missing_symbol_and_missing_process() {
     let out = reader(&["sample", "--pid", "1", "--hz", "0", "--duration", "1"]);
     assert_eq!(out.status.code(), Some(2), "bad --hz is a usage error");
 }
+
+#[test]
+fn permission_denied_exits_2() {
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = target.id().to_string();
+    // SAFETY: geteuid has no preconditions.
+    let out = if unsafe { libc::geteuid() } == 0 {
+        // Drop to nobody to read a root-owned process.
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                READER,
+                "inspect",
+                "--pid",
+                &pid,
+            ])
+            .output()
+            .expect("setpriv runs")
+    } else {
+        reader(&["inspect", "--pid", "1"])
+    };
+    let _ = target.kill();
+    let _ = target.wait();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("permission denied"));
+}
