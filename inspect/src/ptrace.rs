@@ -195,12 +195,14 @@ impl Tracer {
         let interrupted_at = Instant::now();
         if ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) != 0 {
             let e = errno();
-            // Seized but not interruptible: it can only have exited.
-            return Err(if e == libc::ESRCH {
-                StopError::Gone
-            } else {
-                StopError::Other(format!("PTRACE_INTERRUPT: errno {e}"))
-            });
+            if e == libc::ESRCH {
+                // Seized but not interruptible: it exited.
+                return Err(StopError::Gone);
+            }
+            // Still seized: keep it on the list so it is released if it
+            // ever stops (and by the kernel when we exit otherwise).
+            self.pending.push(tid);
+            return Err(StopError::Other(format!("PTRACE_INTERRUPT: errno {e}")));
         }
         let deadline = interrupted_at + self.timeout;
         match wait_stop(tid, deadline, true).map(classify) {
