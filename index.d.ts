@@ -102,3 +102,142 @@ export interface RegistryStats {
 
 /** Counters of the process-wide record registry. */
 export declare function registryStats(): RegistryStats;
+
+// ---------------------------------------------------------------------------
+// Process context (OTEP 4719)
+//
+// One `OTEL_CTX` mapping per process (`/memfd:OTEL_CTX` or `[anon:OTEL_CTX]`
+// in /proc/<pid>/maps) whose header points at a protobuf `ProcessContext`:
+// the resource attributes, plus `threadlocal.schema_version` and
+// `threadlocal.attribute_key_map` for readers of the thread records.
+
+/**
+ * A value the process context can publish. Strings, integers (numbers that
+ * are integral and fit int64, and bigints that fit int64), arrays and plain
+ * objects (published as key/value lists) keep their kind. Booleans and all
+ * other numbers (fractions, NaN, ±Infinity, integers beyond int64) are
+ * published as strings with their JavaScript spelling, because some readers
+ * accept only string, int, array and kvlist values. `null`/`undefined`
+ * attribute values are left out; inside arrays they become the array's zero
+ * value (`0` in an array of integers, `""` otherwise). At most 8 levels of
+ * nesting.
+ */
+export type ProcessContextValue =
+  | string
+  | number
+  | boolean
+  | bigint
+  | null
+  | undefined
+  | readonly ProcessContextValue[]
+  | { readonly [key: string]: ProcessContextValue };
+
+/** Attributes by key (own enumerable string keys; keys must not be empty). */
+export type ProcessContextAttributes = { readonly [key: string]: ProcessContextValue };
+
+/** What `publishProcessContext` changes; an omitted (or null) option keeps its published value. */
+export interface ProcessContextOptions {
+  /** The resource attributes (`ProcessContext.resource`), replacing the published ones. */
+  resource?: ProcessContextAttributes | null;
+  /**
+   * Extra `ProcessContext.attributes`, replacing the published extras. Keys
+   * starting with `threadlocal.` are reserved (RangeError).
+   */
+  attributes?: ProcessContextAttributes | null;
+  /** `threadlocal.schema_version`; `"tlsdesc_v1_dev"` until set. Kept once set. */
+  schemaVersion?: string | null;
+}
+
+/**
+ * Publishes the process context, or updates it. The first call creates the
+ * process's single `OTEL_CTX` mapping; later calls (from any thread) swap
+ * in a new payload under the OTEP update protocol, so concurrent readers
+ * never accept a torn one. Each given option replaces the published value,
+ * omitted options stay as they were.
+ *
+ * @throws {TypeError} when `options` is not an object, an attribute set is
+ *   not a plain object, a value is a function, symbol, typed array, buffer,
+ *   date or promise, or `schemaVersion` is not a string.
+ * @throws {RangeError} for an empty attribute key or schemaVersion, a
+ *   reserved `threadlocal.*` attribute, nesting deeper than 8 levels (cyclic
+ *   objects), or a payload over 1 MiB.
+ * @throws {Error} when the kernel refuses the mapping.
+ *   On any error the published context is unchanged.
+ */
+export declare function publishProcessContext(options?: ProcessContextOptions): void;
+
+/**
+ * Appends keys to `threadlocal.attribute_key_map` and returns the index of
+ * every key given (the `key_index` thread records use). The map is
+ * append-only: a key keeps its index for the life of the process, a key
+ * already present returns its index, and the context is republished only
+ * when a key was added (creating the mapping if nothing was published yet).
+ *
+ * @throws {TypeError} when `keys` is not an array of strings.
+ * @throws {RangeError} for an empty key, or when the map would exceed 256
+ *   keys; then none of the given keys is added.
+ */
+export declare function registerAttributeKeys(keys: readonly string[]): number[];
+
+/** Diagnostics about the published process context. */
+export interface ProcessContextInfo {
+  /** Address of the `OTEL_CTX` mapping; the 32-byte header is at its start. */
+  mappingAddress: bigint;
+  /** Size of the mapping in bytes (one page). */
+  mappingSize: number;
+  /** How the mapping was made: `"memfd"` or `"anonymous"`. */
+  backing: 'memfd' | 'anonymous';
+  /** `monotonic_published_at_ns` (CLOCK_BOOTTIME) of the current publication. */
+  publishedAtNs: bigint;
+  /** Address of the current protobuf payload. */
+  payloadAddress: bigint;
+  /** Size of the current payload in bytes. */
+  payloadSize: number;
+  /** Keys in `threadlocal.attribute_key_map`. */
+  keyCount: number;
+  /** Publications in this process so far. */
+  publications: number;
+  /** Superseded payloads still kept allocated for readers that were copying them. */
+  retainedPayloads: number;
+}
+
+/** The published process context, or `null` before the first publication. */
+export declare function processContextInfo(): ProcessContextInfo | null;
+
+/** The parts of an SDK span the processor reads (SDK 2.x `Span`). */
+export interface SpanWithResource {
+  readonly resource?: {
+    readonly attributes: { readonly [key: string]: unknown };
+    readonly asyncAttributesPending?: boolean;
+    waitForAsyncAttributes?(): Promise<void>;
+  };
+}
+
+/** Options of `ProcessContextSpanProcessor`, sent with each of its publications. */
+export interface ProcessContextSpanProcessorOptions {
+  schemaVersion?: string;
+  attributes?: ProcessContextAttributes;
+}
+
+/**
+ * An OpenTelemetry SDK `SpanProcessor` that publishes the tracer provider's
+ * Resource as the process context: when the first span starts, and again
+ * only when a span carries a Resource with different attributes. Resources
+ * with pending async attributes are published once they settle. Values the
+ * context cannot carry are left out; a failed publication is reported once
+ * through `diag.warn` and never throws into the SDK. Costs one comparison
+ * per span otherwise; `forceFlush` and `shutdown` do nothing.
+ *
+ * @example
+ * new NodeSDK({
+ *   contextManager: new ProfilingContextManager(),
+ *   spanProcessors: [new ProcessContextSpanProcessor(), new BatchSpanProcessor(exporter)],
+ * }).start();
+ */
+export declare class ProcessContextSpanProcessor {
+  constructor(options?: ProcessContextSpanProcessorOptions);
+  onStart(span: SpanWithResource, parentContext?: import('@opentelemetry/api').Context): void;
+  onEnd(span: unknown): void;
+  forceFlush(): Promise<void>;
+  shutdown(): Promise<void>;
+}

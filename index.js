@@ -5,6 +5,7 @@
 
 const binding = require('./js/binding');
 const { ProfilingContextManager } = require('./js/context-manager');
+const processContext = require('./js/process-context');
 
 module.exports = {
   ProfilingContextManager,
@@ -12,4 +13,9 @@ module.exports = {
   clearSpanContext: binding.clearSpanContext,
   threadInfo: binding.threadInfo,
   registryStats: binding.registryStats,
+  // Process context (OTEP 4719): resource attributes and the record key map.
+  ProcessContextSpanProcessor: processContext.ProcessContextSpanProcessor,
+  publishProcessContext: processContext.publishProcessContext,
+  registerAttributeKeys: processContext.registerAttributeKeys,
+  processContextInfo: processContext.processContextInfo,
 };

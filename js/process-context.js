@@ -1,0 +1,160 @@
+'use strict';
+// The OTEP 4719 process context from JavaScript: the native publisher
+// (src/process_context.rs) and an SDK SpanProcessor that feeds it the tracer
+// provider's Resource.
+//
+// Publishing is rare (once per Resource, once per new record key), so these
+// paths favour simplicity; the span processor's per-span cost is one
+// identity comparison.
+
+const { diag } = require('@opentelemetry/api');
+const binding = require('./binding');
+
+/** Deepest nesting the native side accepts (src/process_context/js.rs). */
+const MAX_DEPTH = 8;
+
+/**
+ * Publishes or updates the process context. Validation is native: bad
+ * input throws TypeError/RangeError and changes nothing.
+ */
+function publishProcessContext(options) {
+  binding.publishProcessContext(options);
+}
+
+/** Appends keys to `threadlocal.attribute_key_map`; returns their indexes. */
+function registerAttributeKeys(keys) {
+  return binding.registerAttributeKeys(keys);
+}
+
+/** The published process context (addresses, sizes), or null. */
+function processContextInfo() {
+  return binding.processContextInfo();
+}
+
+function isPlainObject(value) {
+  return (
+    typeof value === 'object' &&
+    value !== null &&
+    !Array.isArray(value) &&
+    !ArrayBuffer.isView(value) &&
+    !(value instanceof ArrayBuffer) &&
+    !(value instanceof Date) &&
+    !(value instanceof Promise)
+  );
+}
+
+/**
+ * `value` as the native side accepts it, or undefined to leave it out.
+ * Resource detectors are third-party code: one value of an unexpected type
+ * must cost that attribute, not the whole publication.
+ */
+function publishable(value, depth) {
+  switch (typeof value) {
+    case 'string':
+    case 'number':
+    case 'boolean':
+    case 'bigint':
+      return value;
+    case 'object':
+      if (value === null || depth > MAX_DEPTH) return undefined;
+      if (Array.isArray(value)) {
+        // Elements that cannot be published become null, which the native
+        // side turns into the array's zero value: indexes stay meaningful.
+        return value.map((element) => (element == null ? null : (publishable(element, depth + 1) ?? null)));
+      }
+      if (isPlainObject(value)) return publishableAttributes(value, depth + 1);
+      return undefined;
+    default:
+      return undefined;
+  }
+}
+
+function publishableAttributes(attributes, depth = 1) {
+  const result = {};
+  for (const key of Object.keys(attributes)) {
+    if (key === '') continue;
+    const value = publishable(attributes[key], depth);
+    if (value !== undefined) result[key] = value;
+  }
+  return result;
+}
+
+/** A stable text form of published attributes, to skip identical republications. */
+function fingerprint(attributes) {
+  return JSON.stringify(attributes, (_key, value) => (typeof value === 'bigint' ? `${value}n` : value));
+}
+
+/**
+ * An OpenTelemetry SDK `SpanProcessor` that publishes the tracer provider's
+ * Resource as the process context: on the first span, and again only when a
+ * span carries a different Resource with different attributes. It never
+ * throws into the SDK: a failed publication is reported once through
+ * `diag.warn`.
+ *
+ *     new NodeSDK({ contextManager, spanProcessors: [new ProcessContextSpanProcessor(), exporterProcessor] })
+ */
+class ProcessContextSpanProcessor {
+  /**
+   * @param {{ schemaVersion?: string, attributes?: Record<string, unknown> }} [options]
+   *   passed to `publishProcessContext` with every publication.
+   */
+  constructor(options = {}) {
+    if (options === null || typeof options !== 'object') {
+      throw new TypeError('The "options" argument must be an object');
+    }
+    this._options = {};
+    if (options.schemaVersion !== undefined) this._options.schemaVersion = options.schemaVersion;
+    if (options.attributes !== undefined) this._options.attributes = options.attributes;
+    this._resource = undefined;
+    this._published = undefined;
+    this._warned = false;
+  }
+
+  onStart(span) {
+    const resource = span.resource;
+    if (resource === this._resource || resource == null) return;
+    this._resource = resource;
+    if (resource.asyncAttributesPending && typeof resource.waitForAsyncAttributes === 'function') {
+      // Reading `attributes` before async detectors settle yields a partial
+      // set (and an SDK error log): publish once they are final.
+      resource.waitForAsyncAttributes().then(
+        () => this._resource === resource && this._publish(resource),
+        () => {},
+      );
+      return;
+    }
+    this._publish(resource);
+  }
+
+  _publish(resource) {
+    const attributes = publishableAttributes(resource.attributes ?? {});
+    const print = fingerprint(attributes);
+    if (print === this._published) return;
+    try {
+      binding.publishProcessContext({ ...this._options, resource: attributes });
+      this._published = print;
+    } catch (error) {
+      if (!this._warned) {
+        this._warned = true;
+        diag.warn(`otel-thread-ctx: cannot publish the process context: ${error.message}`);
+      }
+    }
+  }
+
+  onEnd() {}
+
+  forceFlush() {
+    return Promise.resolve();
+  }
+
+  shutdown() {
+    return Promise.resolve();
+  }
+}
+
+module.exports = {
+  publishProcessContext,
+  registerAttributeKeys,
+  processContextInfo,
+  ProcessContextSpanProcessor,
+};
