@@ -1,0 +1,187 @@
+'use strict';
+// One accuracy run: start the workload, attach the samplers, let it run,
+// score what each sampler saw against the workload's ground truth.
+
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { spawn } = require('node:child_process');
+const bpf = require('./bpf');
+const reader = require('./reader');
+const score = require('./score');
+
+const WORKLOAD = path.join(__dirname, 'workload.js');
+
+/** Starts the workload with `node`; resolves {child, events, next(event)} once it is ready. */
+function startWorkload(node, params) {
+  const child = spawn(node, [WORKLOAD, JSON.stringify(params)], { stdio: ['pipe', 'pipe', 'inherit'] });
+  const events = [];
+  const waiters = [];
+  let pending = '';
+  let exit = null;
+  child.stdout.setEncoding('utf8');
+  child.stdout.on('data', (chunk) => {
+    pending += chunk;
+    let i;
+    while ((i = pending.indexOf('\n')) >= 0) {
+      const ev = JSON.parse(pending.slice(0, i));
+      pending = pending.slice(i + 1);
+      events.push(ev);
+      for (const w of waiters.splice(0)) w();
+    }
+  });
+  child.on('exit', (code, signal) => {
+    exit = { code, signal };
+    for (const w of waiters.splice(0)) w();
+  });
+  /** Resolves with the first event named `name`; rejects if the workload exits first. */
+  const next = async (name, timeoutMs = 60000) => {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const ev = events.find((e) => e.event === name);
+      if (ev) return ev;
+      if (exit) throw new Error(`workload exited (${exit.code ?? exit.signal}) before '${name}'`);
+      if (Date.now() > deadline) throw new Error(`workload: no '${name}' within ${timeoutMs} ms`);
+      await new Promise((resolve) => {
+        waiters.push(resolve);
+        setTimeout(resolve, 250);
+      });
+    }
+  };
+  return { child, events, next };
+}
+
+/**
+ * Runs the workload once under the requested samplers.
+ * options: node (binary), samplers (['bpftrace', 'reader']), hz, readerHz,
+ * workers, concurrency, cpuMs, offMs, idleMs, manager ('profiling', or
+ * 'with-only': a negative control that publishes on with() only), log
+ * (function for progress lines).
+ * Returns {node, version, offset, offsetSource, clock, bpftrace?, reader?}
+ * where each sampler entry holds {onCpu, offCpu?} scores.
+ */
+async function runAccuracy(options = {}) {
+  const {
+    node = process.execPath,
+    samplers = ['bpftrace'],
+    hz = 997,
+    readerHz = 199,
+    workers = 4,
+    concurrency = 8,
+    cpuMs = 8000,
+    offMs = 4000,
+    idleMs = 1500,
+    manager = 'profiling',
+    keepRaw = false,
+    log = () => {},
+  } = options;
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-accuracy-'));
+  const params = { workers, concurrency, cpuMs, offMs, idleMs, tailMs: 300, dir, manager };
+  const workload = startWorkload(node, params);
+  let bt = null;
+  let rd = null;
+  try {
+    const ready = await workload.next('ready', 30000);
+    const { pid, threads } = ready;
+    const mainTid = threads[0].tid;
+    const result = { node, pid, threads: threads.length };
+
+    // Where otel_thread_ctx_v1 sits from the thread pointer: the reader's
+    // `inspect --json` when it resolves it, else fs_base read by bpftrace.
+    let offset = samplers.includes('bpftrace') ? reader.tlsOffset(pid, threads) : null;
+    result.offsetSource = 'reader inspect --json';
+    if (offset === null && samplers.includes('bpftrace')) {
+      ({ offset } = await bpf.discoverTlsOffset(pid, threads));
+      result.offsetSource = 'bpftrace fs_base vs threadInfo().tlsAddress';
+    }
+    result.offset = offset === null ? null : String(offset);
+    if (offset !== null) log(`TLS offset of otel_thread_ctx_v1 from fs_base: ${offset} (${result.offsetSource}, same on ${threads.length} threads)`);
+
+    let col = null;
+    if (samplers.includes('bpftrace')) {
+      col = bpf.collector();
+      bt = await bpf.startBpftrace(bpf.samplerProgram({ pid, offset, hz, clockTid: mainTid }), { onLine: col.onLine });
+      log(`bpftrace attached (profile:hz:${hz}, sched_switch)`);
+    }
+    if (samplers.includes('reader')) {
+      const durationS = Math.ceil((cpuMs + offMs + idleMs + 2000) / 1000);
+      rd = reader.sample(pid, { hz: readerHz, durationS });
+      log(`reader sampling at ${readerHz} Hz`);
+    }
+
+    const t0 = Date.now();
+    workload.child.stdin.write('go\n');
+    const clock = await workload.next('clock');
+    await workload.next('done', cpuMs + offMs + idleMs + 60000);
+    log(`workload ran ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+
+    // Detach every sampler before the workload exits.
+    if (bt) await bt.stop();
+    rd?.stop();
+    const readerRun = rd ? await rd.done : null;
+    const exited = new Promise((resolve) => workload.child.once('exit', resolve));
+    workload.child.stdin.end();
+    await exited;
+
+    const truth = score.loadTruth(dir);
+    if (bt) {
+      const bsamples = col.samples;
+      result.bpftrace = {
+        lost: bt.lost,
+        samples: bsamples.length,
+        onCpu: score.scoreOnCpu(truth, bsamples),
+        offCpu: score.scoreOffCpu(truth, col.offcpu),
+      };
+      const w = col.clock;
+      result.clock = w
+        ? { ok: BigInt(clock.before) <= w.t && w.t <= BigInt(clock.after), hrtimeBefore: clock.before, bpfNsecs: String(w.t), hrtimeAfter: clock.after }
+        : { ok: null };
+    }
+    if (readerRun) {
+      const { samples: rsamples, errors } = readerRun;
+      result.reader = {
+        samples: rsamples.length,
+        errors,
+        onCpu: score.scoreOnCpu(truth, rsamples),
+        inBlocks: score.scoreReadsInBlocks(truth, rsamples),
+      };
+    }
+    if (keepRaw) result.raw = { truth, bpftrace: col, reader: readerRun };
+    result.truth = {
+      threads: truth.length,
+      spans: truth.reduce((n, t) => n + t.spans, 0),
+      segments: truth.reduce((n, t) => n + t.segments.length, 0),
+      blocks: truth.reduce((n, t) => n + t.blocks.length, 0),
+    };
+    return result;
+  } finally {
+    if (bt) await bt.stop();
+    rd?.stop();
+    if (workload.child.exitCode === null && workload.child.signalCode === null) workload.child.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/** Printable report of one run. */
+function formatRun(r) {
+  const lines = [];
+  if (r.clock) {
+    lines.push(
+      r.clock.ok === null
+        ? 'clock check: the probe write was not seen'
+        : `clock check: bpftrace nsecs ${r.clock.ok ? 'inside' : 'OUTSIDE'} the hrtime bracket of the same write(2) (CLOCK_MONOTONIC ${r.clock.ok ? 'confirmed' : 'MISMATCH'})`,
+    );
+  }
+  lines.push(`truth: ${r.truth.threads} threads, ${r.truth.spans} spans, ${r.truth.segments} CPU segments, ${r.truth.blocks} blocking calls`);
+  if (r.bpftrace) {
+    lines.push(...score.formatOnCpu(r.bpftrace.onCpu, `bpftrace profile (${r.bpftrace.samples} samples${r.bpftrace.lost ? `, ${r.bpftrace.lost} lost` : ''})`));
+    lines.push(...score.formatOffCpu(r.bpftrace.offCpu));
+  }
+  if (r.reader) {
+    const label = `reader sample --raw (${r.reader.samples} reads${r.reader.errors ? `, ${r.reader.errors} failed` : ''})`;
+    lines.push(...score.formatOnCpu(r.reader.onCpu, label), score.formatReadsInBlocks(r.reader.inBlocks));
+  }
+  return lines;
+}
+
+module.exports = { runAccuracy, formatRun };

@@ -1,0 +1,103 @@
+'use strict';
+// The project's reader CLI (target/release/otel-thread-ctx) as a sampler:
+// `sample --pid N --hz F --duration S --raw` stops each thread with ptrace,
+// reads its record and prints one JSON line per read
+// {tid, t_ns, valid, trace_id, span_id, trace_flags}. Each round reads every
+// thread, on CPU or not, so it samples wall-clock time rather than CPU time.
+
+const fs = require('node:fs');
+const path = require('node:path');
+const { spawn, spawnSync } = require('node:child_process');
+
+const ROOT = path.resolve(__dirname, '..', '..');
+const BINARY = process.env.OTEL_THREAD_CTX_READER || path.join(ROOT, 'target', 'release', 'otel-thread-ctx');
+
+/** Why the reader cannot sample, or null when it can. */
+function unavailableReason() {
+  if (!fs.existsSync(BINARY)) return `no reader binary at ${BINARY}`;
+  const help = spawnSync(BINARY, ['sample', '--help'], { encoding: 'utf8' });
+  if (help.status !== 0 || !/--raw/.test(`${help.stdout}${help.stderr}`)) return 'the reader has no `sample --raw` yet';
+  return null;
+}
+
+/**
+ * Runs `inspect --pid N --json` and returns the static-TLS offset of
+ * otel_thread_ctx_v1 from the thread pointer it resolved (BigInt), checked
+ * against `threads` [{tid, tlsAddress}] reported from inside; null when the
+ * reader cannot tell (not built yet, or not static TLS).
+ */
+function tlsOffset(pid, threads = []) {
+  if (!fs.existsSync(BINARY)) return null;
+  const run = spawnSync(BINARY, ['inspect', '--pid', String(pid), '--json'], { encoding: 'utf8' });
+  let report;
+  try {
+    report = JSON.parse(run.stdout);
+  } catch {
+    return null;
+  }
+  const resolution = report.symbol?.resolution;
+  if (resolution?.path !== 'tlsdesc-static' || typeof resolution.tp_offset !== 'number') return null;
+  const offset = BigInt(resolution.tp_offset);
+  const byTid = new Map((report.threads ?? []).map((t) => [t.tid, t.tls]));
+  for (const t of threads) {
+    const tls = byTid.get(t.tid);
+    if (!tls || BigInt(tls.variable_address) !== BigInt(t.tlsAddress) || BigInt(tls.tp_offset) !== offset) {
+      throw new Error(`reader and thread ${t.tid} disagree on otel_thread_ctx_v1: ${JSON.stringify(tls)} vs ${t.tlsAddress}`);
+    }
+  }
+  return offset;
+}
+
+/**
+ * Starts sampling `pid`; `done` resolves on exit with {samples [{tid, t,
+ * valid, spanId, traceId}], errors (failed reads), summary (its stderr)}.
+ */
+function sample(pid, { hz = 997, durationS }) {
+  const child = spawn(BINARY, ['sample', '--pid', String(pid), '--hz', String(hz), '--duration', String(durationS), '--raw'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const samples = [];
+  let errors = 0;
+  let pending = '';
+  let stderr = '';
+  child.stderr.on('data', (c) => (stderr += c));
+  child.stdout.setEncoding('utf8');
+  child.stdout.on('data', (chunk) => {
+    pending += chunk;
+    let i;
+    while ((i = pending.indexOf('\n')) >= 0) {
+      const line = pending.slice(0, i);
+      pending = pending.slice(i + 1);
+      if (!line.startsWith('{')) continue;
+      const s = JSON.parse(line);
+      if (s.error) {
+        errors++;
+        continue;
+      }
+      samples.push({
+        tid: Number(s.tid),
+        t: BigInt(s.t_ns),
+        valid: Number(s.valid),
+        spanId: s.span_id ?? '',
+        traceId: s.trace_id ?? '',
+      });
+    }
+  });
+  const done = new Promise((resolve, reject) => {
+    child.on('error', reject);
+    child.on('close', (code, signal) => {
+      // 130: stopped by our SIGINT after the workload finished.
+      if (code !== 0 && code !== 130 && signal === null) reject(new Error(`reader sample exited ${code}: ${stderr.trim()}`));
+      else resolve({ samples, errors, summary: stderr.trim() });
+    });
+  });
+  return {
+    child,
+    done,
+    stop() {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGINT');
+    },
+  };
+}
+
+module.exports = { BINARY, unavailableReason, tlsOffset, sample };
