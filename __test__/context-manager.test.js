@@ -303,3 +303,17 @@ test('uses the cheapest hooks for this Node.js AsyncLocalStorage', () => {
   const frames = !process.execArgv.includes('--no-async-context-frame') && major >= 24;
   assert.strictEqual(strategy, frames ? 'async-context-frame' : 'async-hooks');
 });
+
+test('an enabled manager publishes a process context with the schema version', () => {
+  const otelCtx = require('./fixtures/otel-ctx-reader');
+  const [mapping] = otelCtx.findMappings('self');
+  assert.ok(mapping, 'no OTEL_CTX mapping after enable()');
+  const reader = new otelCtx.MemoryReader('self');
+  try {
+    const { attributes } = otelCtx.decodePayload(reader.readConsistent(mapping.start).bytes);
+    assert.strictEqual(attributes['threadlocal.schema_version'], 'tlsdesc_v1_dev');
+    assert.ok(Array.isArray(attributes['threadlocal.attribute_key_map']));
+  } finally {
+    reader.close();
+  }
+});

@@ -12,7 +12,7 @@
 // - the event loop going idle: the native side clears the record from a
 //   libuv prepare handle, right before the thread blocks (src/idle.rs).
 
-const { trace, isSpanContextValid } = require('@opentelemetry/api');
+const { diag, trace, isSpanContextValid } = require('@opentelemetry/api');
 const { AsyncLocalStorageContextManager } = require('@opentelemetry/context-async-hooks');
 const binding = require('./binding');
 const view = require('./record-view');
@@ -71,6 +71,19 @@ function publishContext(ctx) {
   view.publish(entryForContext(ctx));
 }
 
+/**
+ * Readers need `threadlocal.schema_version` to interpret the records, so an
+ * enabled manager makes sure a process context exists. One published by the
+ * application (or ProcessContextSpanProcessor) is left as it is.
+ */
+function publishMinimalProcessContext() {
+  try {
+    if (binding.processContextInfo() === null) binding.publishProcessContext({});
+  } catch (err) {
+    diag.warn(`otel-thread-ctx: cannot publish the process context: ${err.message}`);
+  }
+}
+
 class ProfilingContextManager extends AsyncLocalStorageContextManager {
   /**
    * @param {{ attributes?: string[] }} [options] `attributes`: span attribute
@@ -93,6 +106,7 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
       continuations.activate(this, publishContext);
       schema = this._attributeSchema;
       binding.setClearOnIdle(true);
+      publishMinimalProcessContext();
       publishContext(this._asyncLocalStorage.getStore());
     }
     return this;
