@@ -100,10 +100,13 @@ function startBpftrace(program, { onLine, env = {} } = {}) {
       get stderr() {
         return cleanStderr(stderr);
       },
-      /** Stops bpftrace (SIGINT: it flushes and exits) and waits for it. */
-      async stop() {
+      /**
+       * Stops bpftrace (SIGINT: it prints its maps and exits) and waits for
+       * it, at most `graceMs` before SIGKILL.
+       */
+      async stop(graceMs = 5000) {
         if (child.exitCode === null && child.signalCode === null) child.kill('SIGINT');
-        const timer = setTimeout(() => child.kill('SIGKILL'), 5000);
+        const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
         await exited;
         clearTimeout(timer);
       },
