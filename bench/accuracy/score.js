@@ -51,6 +51,8 @@ function lastStartingBefore(list, t) {
   return found;
 }
 
+const ZERO_ID = '0000000000000000';
+
 const counts = () => ({ samples: 0, correct: 0, wrong: 0, missing: 0, outside: 0, outsideValid: 0 });
 
 function addCounts(into, c) {
@@ -90,6 +92,9 @@ function scoreOnCpu(truth, samples) {
       expected: seg.spanId,
       // Was the seen span the one of the thread's previous segment?
       previousSegmentSpan: s.valid === 1 && i > 0 && th.segments[i - 1].spanId === s.spanId,
+      // The record pointer read fine but every record byte read as zero: the
+      // read faulted (a published or invalidated record keeps its span id).
+      unreadable: s.valid !== 1 && s.pointer === true && s.spanId === ZERO_ID,
     });
   }
   const perThread = [...byTid.values()].map(({ th, c }) => ({ tid: th.tid, thread: th.thread, ...c }));
@@ -135,6 +140,7 @@ function scoreOffCpu(truth, intervals) {
   const blockedMisses = [];
   const idleMisses = [];
   let blocksWithOffCpu = 0;
+  let unreadableNs = 0n;
   const seenBlocks = new Set();
   for (const iv of intervals) {
     const th = byTid.get(iv.tid);
@@ -159,6 +165,7 @@ function scoreOffCpu(truth, intervals) {
         acc[verdict] += ns;
       }
       if (verdict !== 'correct') {
+        if (verdict === 'none' && iv.pointer && iv.spanId === ZERO_ID) unreadableNs += ns;
         blockedMisses.push({
           tid: iv.tid,
           kind: b.kind,
@@ -209,6 +216,7 @@ function scoreOffCpu(truth, intervals) {
     idle,
     other,
     blocks: { total: totalBlocks, withOffCpu: blocksWithOffCpu },
+    unreadableNs,
     perThread: [...perThread.values()].sort((a, b) => a.thread - b.thread),
     blockedMisses,
     idleMisses,
@@ -232,6 +240,11 @@ function formatOnCpu(score, label) {
   };
   for (const c of score.perThread) row && lines.push(row(`${c.thread === 0 ? 'main' : `worker ${c.thread}`} ${c.tid}`, c));
   lines.push(row('overall', score.overall));
+  const unreadable = score.misses.filter((m) => m.unreadable).length;
+  if (score.misses.length) {
+    const near = score.misses.filter((m) => m.intoSegmentUs < 50).length;
+    lines.push(`  misses: ${score.misses.length} (${unreadable} with the record unreadable, all bytes 0; ${near} within 50 us of a segment start; ${score.misses.filter((m) => m.previousSegmentSpan).length} showing the previous segment's span)`);
+  }
   if (score.otherThreads) lines.push(`  (${score.otherThreads} samples on threads without a record: V8 platform, libuv pool)`);
   return lines;
 }
@@ -239,9 +252,10 @@ function formatOnCpu(score, label) {
 /** Human-readable lines for an off-CPU score. */
 function formatOffCpu(score) {
   const b = score.blocked;
+  const unreadable = score.unreadableNs ? ` (${ms(score.unreadableNs)} of it read while the record was unreadable, all bytes 0)` : '';
   const lines = [
     `off-CPU: blocked time inside blocking calls ${ms(b.ns)} (${score.blocks.withOffCpu} of ${score.blocks.total} calls went off CPU)`,
-    `  to the blocking span ${pct(b.correct, b.ns)}   to another span ${pct(b.wrong, b.ns)}   to no span ${pct(b.none, b.ns)}`,
+    `  to the blocking span ${pct(b.correct, b.ns)}   to another span ${pct(b.wrong, b.ns)}   to no span ${pct(b.none, b.ns)}${unreadable}`,
   ];
   for (const [kind, k] of Object.entries(score.byKind)) {
     lines.push(`    ${kind.padEnd(8)} ${ms(k.ns).padStart(10)}  ${pct(k.correct, k.ns)} to the blocking span`);
