@@ -16,10 +16,11 @@ const WORKER = `
   const sc = { traceId: workerData.traceId, spanId: workerData.spanId, traceFlags: 1 };
   context.with(trace.setSpanContext(context.active(), sc), () => {
     const info = threadInfo();
-    // Exit while the span is still published: teardown must invalidate it.
     parentPort.postMessage({ tid: info.tid, slot: info.slot, recordAddress: info.recordAddress });
-    const wait = new Int32Array(new SharedArrayBuffer(4));
-    Atomics.wait(wait, 0, 0, workerData.holdMs);
+    // Parked inside the span until the test has read the record, then
+    // exits from inside it: only teardown can invalidate the record.
+    Atomics.wait(workerData.release, 0, 0, 30000);
+    process.exit(0);
   });
 `;
 
@@ -27,24 +28,32 @@ function hex(n, width) {
   return n.toString(16).padStart(width, '0');
 }
 
-async function runWorker(i, holdMs = 0) {
+/** Starts a worker parked inside its span; `release()` lets it exit. */
+async function runWorker(i) {
   const traceId = hex(0xfeed0000 + i, 32);
   const spanId = hex(0xbeef0000 + i, 16);
-  const worker = new Worker(WORKER, { eval: true, workerData: { root: require.resolve('..'), traceId, spanId, holdMs } });
+  const release = new Int32Array(new SharedArrayBuffer(4));
+  const worker = new Worker(WORKER, { eval: true, workerData: { root: require.resolve('..'), traceId, spanId, release } });
   const [info] = await once(worker, 'message');
-  return { worker, info, traceId, spanId };
+  const letGo = () => {
+    Atomics.store(release, 0, 1);
+    Atomics.notify(release, 0);
+  };
+  return { worker, info, traceId, spanId, release: letGo };
 }
 
 test('200 workers started and exited one after another leak no slot', async () => {
   const mainSlot = threadInfo().slot;
   const seenSlots = new Set();
   for (let i = 0; i < 200; i++) {
-    const { worker, info, traceId, spanId } = await runWorker(i, 20);
+    const { worker, info, traceId, spanId, release } = await runWorker(i);
     assert.notStrictEqual(info.slot, mainSlot);
     seenSlots.add(info.slot);
     const live = readRecord('self', info.recordAddress);
     assert.deepStrictEqual([live.valid, live.traceId, live.spanId], [1, traceId, spanId], `worker ${i} while alive`);
-    await once(worker, 'exit');
+    const exit = once(worker, 'exit');
+    release();
+    await exit;
     const after = readRecord('self', info.recordAddress);
     assert.strictEqual(after.valid, 0, `worker ${i}'s record still valid after exit`);
   }
@@ -61,7 +70,7 @@ test('200 workers started and exited one after another leak no slot', async () =
 });
 
 test('many workers at once each publish their own span', async () => {
-  const running = await Promise.all(Array.from({ length: 16 }, (_, i) => runWorker(1000 + i, 5000)));
+  const running = await Promise.all(Array.from({ length: 16 }, (_, i) => runWorker(1000 + i)));
   try {
     assert.strictEqual(new Set(running.map((r) => r.info.slot)).size, 16, 'distinct slots');
     assert.strictEqual(new Set(running.map((r) => r.info.tid)).size, 16, 'distinct threads');
@@ -71,6 +80,7 @@ test('many workers at once each publish their own span', async () => {
     }
     assert.strictEqual(registryStats().attached, 17);
   } finally {
+    // terminate() while parked: teardown must invalidate a published span.
     await Promise.all(running.map(({ worker }) => worker.terminate()));
   }
   for (const { info } of running) assert.strictEqual(readRecord('self', info.recordAddress).valid, 0);
