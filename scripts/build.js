@@ -8,4 +8,9 @@ const path = require('node:path');
 const root = path.resolve(__dirname, '..');
 execFileSync('cargo', ['build', '--release', '--workspace', '--locked'], { cwd: root, stdio: 'inherit' });
 const targetDir = process.env.CARGO_TARGET_DIR ? path.resolve(root, process.env.CARGO_TARGET_DIR) : path.join(root, 'target');
-fs.copyFileSync(path.join(targetDir, 'release', 'libotel_thread_ctx.so'), path.join(root, 'otel-thread-ctx.node'));
+// Copy, then rename over the old file: running processes keep the inode
+// they mapped instead of seeing its pages rewritten under them.
+const addon = path.join(root, 'otel-thread-ctx.node');
+const staging = `${addon}.${process.pid}.tmp`;
+fs.copyFileSync(path.join(targetDir, 'release', 'libotel_thread_ctx.so'), staging);
+fs.renameSync(staging, addon);

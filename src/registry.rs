@@ -111,6 +111,14 @@ impl Registry {
         if addr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
+        // A fork() child gets these pages zero-filled (every record invalid)
+        // instead of sharing them copy-on-write. That keeps fork (e.g. from
+        // execSync) from write-protecting the parent's records, which would
+        // make a profiler's non-faulting read of a record fail until the
+        // parent's next write. Pre-4.14 kernels lack the flag; records then
+        // merely stay copy-on-write, so the error is ignored.
+        // SAFETY: advice on the mapping created just above.
+        unsafe { libc::madvise(addr, len, libc::MADV_WIPEONFORK) };
         let first = self.states.len();
         self.chunks.push(Chunk(NonNull::new(addr.cast()).expect("mmap returned NULL")));
         self.states.resize(first + SLOTS_PER_CHUNK, SlotState::default());
@@ -251,6 +259,37 @@ mod tests {
         // SAFETY: the slot is held by this test.
         let bytes = unsafe { std::slice::from_raw_parts(record.cast::<u8>(), RECORD_SIZE) };
         assert!(bytes.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn a_fork_child_sees_zeroed_writable_records_and_the_parent_keeps_its_own() {
+        let mut registry = Registry::default();
+        let (_, record) = registry.acquire().unwrap();
+        // SAFETY: the slot is held by this test.
+        unsafe { record::publish(record, &record::SpanIds::from_words(1, 2, 3, 1)) };
+        // SAFETY: the child only reads and writes the record with volatile
+        // accesses and leaves with _exit, touching no lock or allocator.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: the mapping exists in the child (zero-filled).
+            unsafe {
+                let valid = std::ptr::addr_of_mut!((*record).valid);
+                let was_zero = std::ptr::read_volatile(valid) == 0 && std::ptr::read_volatile(&(*record).span_id) == [0; 8];
+                std::ptr::write_volatile(valid, 1);
+                libc::_exit(if was_zero { 0 } else { 1 });
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waiting for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "child crashed: status {status}");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "child saw the parent's record");
+        // SAFETY: the slot is held by this test.
+        unsafe {
+            assert_eq!((*record).valid, 1);
+            assert_eq!((*record).span_id, 3u64.to_be_bytes());
+        }
     }
 
     #[test]
