@@ -204,6 +204,14 @@ async function runSuite(suite, node, version, opts) {
   return { rounds: perRound, rows, details };
 }
 
+/** The commit measured, with `+dirty` when the package's own code has local changes. */
+function revision() {
+  const head = spawnSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: ROOT, encoding: 'utf8' });
+  if (head.status !== 0) return null;
+  const dirty = spawnSync('git', ['status', '--porcelain', '--', 'js', 'src', 'index.js'], { cwd: ROOT, encoding: 'utf8' });
+  return `${head.stdout.trim()}${dirty.stdout.trim() ? '+dirty' : ''}`;
+}
+
 function machine() {
   const cpuinfo = fs.existsSync('/proc/cpuinfo') ? fs.readFileSync('/proc/cpuinfo', 'utf8') : '';
   const model = /^model name\s*:\s*(.+)$/m.exec(cpuinfo);
@@ -226,6 +234,7 @@ async function main() {
   const nodes = (opts.nodes.length > 0 ? opts.nodes : defaultNodes()).map((p) => ({ path: p, version: nodeVersion(p) }));
   const started = new Date();
   const info = { ...machine(), loadavgStart: os.loadavg() };
+  const commit = revision();
   log(`bench: ${suites.map((s) => s.name).join(', ')} on ${nodes.map((n) => `node ${n.version}`).join(', ')}` +
     `${opts.quick ? ' (quick)' : ''}; ${info.cores} cores, ${info.cpuModel}` +
     `${canPin ? '' : '; taskset unavailable, http runs unpinned'}`);
@@ -289,7 +298,7 @@ async function main() {
   console.log(
     `median [min, max] over rounds; ✓/✗ = median meets/misses the target. ` +
       `${info.cores} cores (${info.cpuModel}), load average ${info.loadavgStart.map((x) => x.toFixed(2)).join(' ')} at start. ` +
-      `${seconds.toFixed(0)} s.`,
+      `${commit ? `Commit ${commit}. ` : ''}${seconds.toFixed(0)} s.`,
   );
 
   const jsonPath = opts.json ?? path.join(__dirname, 'results', 'latest.json');
@@ -302,6 +311,7 @@ async function main() {
         seconds,
         command: ['node', 'bench/run.js', ...process.argv.slice(2)].join(' '),
         quick: opts.quick,
+        commit,
         machine: info,
         nodes,
         results,
