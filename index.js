@@ -5,12 +5,13 @@
 
 const binding = require('./js/binding');
 const { ProfilingContextManager } = require('./js/context-manager');
+const { setSpanContext, clearSpanContext } = require('./js/direct-api');
 const processContext = require('./js/process-context');
 
 module.exports = {
   ProfilingContextManager,
-  setSpanContext: binding.setSpanContext,
-  clearSpanContext: binding.clearSpanContext,
+  setSpanContext,
+  clearSpanContext,
   threadInfo: binding.threadInfo,
   registryStats: binding.registryStats,
   // Process context (OTEP 4719): resource attributes and the record key map.

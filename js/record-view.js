@@ -4,19 +4,31 @@
 // syscall per write. Layout and protocol: src/record.rs.
 //
 // Entries (the bytes of one span context) are built once per span and
-// reused, so a context switch only copies a few words.
+// reused, so a context switch copies seven words.
 
 const binding = require('./binding');
 
 const OFFSET_VALID = 24;
-const OFFSET_TRACE_FLAGS = 25;
 const OFFSET_ATTRS_DATA = 28;
-const ATTRS_SIZE_INDEX_U16 = 13; // byte offset 26
+const TAIL_INDEX_U32 = 6; // bytes 24..27: valid, trace_flags, attrs_data_size
 
 const buffer = binding.recordBuffer();
 const bytes = new Uint8Array(buffer);
-const words = new Uint32Array(buffer, 0, 6); // trace id (4 words) + span id (2 words)
-const halfWords = new Uint16Array(buffer, 0, 14);
+const words = new Uint32Array(buffer, 0, 7);
+const ids = new DataView(buffer, 0, 24);
+
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+/**
+ * Bytes 24..27 as one host-endian word: valid = 1, trace_flags, and
+ * attrs_data_size (itself host-endian). Storing it last in one instruction
+ * makes the record valid together with its flags and size.
+ */
+function tailWord(traceFlags, attrsSize) {
+  return LITTLE_ENDIAN
+    ? (1 | (traceFlags << 8) | (attrsSize << 16)) >>> 0
+    : ((1 << 24) | (traceFlags << 16) | attrsSize) >>> 0;
+}
 
 /** The bytes one span context publishes, in host-endian words ready to store. */
 class RecordEntry {
@@ -34,38 +46,71 @@ class RecordEntry {
     /** EncodedAttributes (js/span-attributes.js) or null. */
     this.attributes = attributes;
     this.attrsSize = attributes === null ? 0 : attributes.bytes.length;
+    this.tail = tailWord(traceFlags, this.attrsSize);
   }
 }
 
 /** Publishes nothing: the record reads invalid. */
 const NO_SPAN = Object.freeze(new RecordEntry(0, 0, 0, 0, 0, 0, 0, 0));
-const HEX_ID = /^[0-9a-f]+$/;
+
+const scratchBytes = new Uint8Array(24);
+const scratchWords = new Uint32Array(scratchBytes.buffer);
+
+/** Value of one hex digit (either case, as the OpenTelemetry API accepts), or -1. */
+function hexDigit(code) {
+  if (code >= 48 && code <= 57) return code - 48; // 0-9
+  const lower = code | 0x20;
+  if (lower >= 97 && lower <= 102) return lower - 87; // a-f
+  return -1;
+}
 
 /**
- * Builds the entry for a W3C span context (32 + 16 lowercase hex digits) and
- * optional encoded attributes. Returns NO_SPAN for ids that are malformed or
- * all zero.
+ * Decodes `count` hex digits of `hex` into scratchBytes from byte `at`.
+ * Returns false if a character is not a hex digit or every byte is zero.
+ */
+function decodeHex(hex, count, at) {
+  let any = 0;
+  for (let i = 0; i < count; i += 2) {
+    const high = hexDigit(hex.charCodeAt(i));
+    const low = hexDigit(hex.charCodeAt(i + 1));
+    if ((high | low) < 0) return false;
+    const byte = (high << 4) | low;
+    scratchBytes[at + (i >> 1)] = byte;
+    any |= byte;
+  }
+  return any !== 0;
+}
+
+/**
+ * Builds the entry for a span context (32 + 16 hex digits) and optional
+ * encoded attributes. Returns NO_SPAN for ids that are malformed or all
+ * zero (the W3C invalid ids), so no separate validity check is needed.
  */
 function entryFromIds(traceId, spanId, traceFlags, schema = null, attributes = null) {
   if (
-    typeof traceId !== 'string' || traceId.length !== 32 || !HEX_ID.test(traceId) ||
-    typeof spanId !== 'string' || spanId.length !== 16 || !HEX_ID.test(spanId) ||
-    /^0+$/.test(traceId) || /^0+$/.test(spanId)
+    typeof traceId !== 'string' || traceId.length !== 32 ||
+    typeof spanId !== 'string' || spanId.length !== 16 ||
+    !decodeHex(traceId, 32, 0) || !decodeHex(spanId, 16, 16)
   ) {
     return NO_SPAN;
   }
-  const scratch = new Uint8Array(24);
-  for (let i = 0; i < 16; i++) scratch[i] = parseInt(traceId.substr(i * 2, 2), 16);
-  for (let i = 0; i < 8; i++) scratch[16 + i] = parseInt(spanId.substr(i * 2, 2), 16);
-  const w = new Uint32Array(scratch.buffer);
+  const w = scratchWords;
   return new RecordEntry(1, w[0], w[1], w[2], w[3], w[4], w[5], traceFlags & 0xff, schema, attributes);
 }
 
+/** `entry` (a span's ids) with encoded attributes added. */
+function withAttributes(entry, schema, attributes) {
+  const { w0, w1, w2, w3, w4, w5, traceFlags } = entry;
+  return new RecordEntry(1, w0, w1, w2, w3, w4, w5, traceFlags, schema, attributes);
+}
+
+/** The entry last written by `publish` (null after a direct write). */
 let lastEntry = NO_SPAN;
 
 /**
- * Makes `entry` the thread's published record: valid = 0, fields, valid = 1.
- * Skips the writes when the same entry is already published.
+ * Makes `entry` the thread's published record: valid = 0, fields, then
+ * valid = 1 with the flags and attributes size. Skips the writes when the
+ * same entry is already published.
  */
 function publish(entry) {
   // The native side may have cleared the record (idle event loop), so the
@@ -74,9 +119,10 @@ function publish(entry) {
   lastEntry = entry;
   // ORDER: a sampler interrupts this thread, so it needs program order only.
   // V8 emits typed-array element stores in program order and never drops or
-  // merges them across one another, so valid = 0 lands before the fields and
-  // valid = 1 after them. (Atomics.store would add a locked instruction per
-  // store, about 7 ns each, for ordering the interrupted thread already has.)
+  // reorders them across one another, so valid = 0 lands before the fields
+  // and the tail word (valid = 1) after them. (Atomics.store would add a
+  // locked instruction per store, about 7 ns each, for ordering the
+  // interrupted thread already has.)
   bytes[OFFSET_VALID] = 0;
   if (entry.valid === 0) return;
   words[0] = entry.w0;
@@ -85,11 +131,27 @@ function publish(entry) {
   words[3] = entry.w3;
   words[4] = entry.w4;
   words[5] = entry.w5;
-  bytes[OFFSET_TRACE_FLAGS] = entry.traceFlags;
   if (entry.attrsSize !== 0) bytes.set(entry.attributes.bytes, OFFSET_ATTRS_DATA);
-  halfWords[ATTRS_SIZE_INDEX_U16] = entry.attrsSize;
-  // ORDER: every field above is written before the record becomes valid.
-  bytes[OFFSET_VALID] = 1;
+  // ORDER: last store; makes the record valid.
+  words[TAIL_INDEX_U32] = entry.tail;
 }
 
-module.exports = { NO_SPAN, entryFromIds, publish, bytes };
+/**
+ * Publishes ids given as unsigned 64-bit bigints (already validated), as
+ * the direct API does: big-endian stores put the W3C bytes in hex order.
+ */
+function publishIds(traceIdHigh, traceIdLow, spanId, traceFlags) {
+  lastEntry = null; // the manager must rewrite its entry next time
+  bytes[OFFSET_VALID] = 0; // ORDER: as in publish()
+  ids.setBigUint64(0, traceIdHigh);
+  ids.setBigUint64(8, traceIdLow);
+  ids.setBigUint64(16, spanId);
+  words[TAIL_INDEX_U32] = tailWord(traceFlags, 0); // ORDER: last store
+}
+
+/** Marks the record invalid (the ids stay; readers ignore them). */
+function clear() {
+  bytes[OFFSET_VALID] = 0;
+}
+
+module.exports = { NO_SPAN, entryFromIds, withAttributes, publish, publishIds, clear, bytes };

@@ -15,7 +15,7 @@ use napi::bindgen_prelude::{BigInt, Env, Error, Object, Result, Status, Unknown}
 use napi::sys;
 use napi_derive::napi;
 
-use record::{SpanIds, RECORD_SIZE};
+use record::RECORD_SIZE;
 use registry::Slot;
 
 /// Registers the loading thread (main thread or worker) once, when the addon
@@ -43,42 +43,6 @@ fn current_slot(env: &Env) -> Result<Slot> {
             Err(Error::from_status(Status::PendingException))
         }
     }
-}
-
-/// Publishes a span in the calling thread's record. `traceIdHigh` is the
-/// first 8 bytes of the W3C trace id as a big-endian number. Invalid input
-/// throws before the record is touched.
-#[napi]
-pub fn set_span_context(
-    env: Env,
-    trace_id_high: Unknown,
-    trace_id_low: Unknown,
-    span_id: Unknown,
-    trace_flags: Option<Unknown>,
-) -> Result<()> {
-    let high = args::u64_from_bigint(&env, &trace_id_high, "traceIdHigh")?;
-    let low = args::u64_from_bigint(&env, &trace_id_low, "traceIdLow")?;
-    let span = args::u64_from_bigint(&env, &span_id, "spanId")?;
-    let flags = args::optional_u8(&env, trace_flags.as_ref(), "traceFlags", 0)?;
-    if high == 0 && low == 0 {
-        return args::range_error(&env, "The trace id must not be all zeroes (W3C invalid)");
-    }
-    if span == 0 {
-        return args::range_error(&env, "The span id must not be all zeroes (W3C invalid)");
-    }
-    let slot = current_slot(&env)?;
-    // SAFETY: the slot belongs to this thread while it is registered.
-    unsafe { record::publish(slot.record, &SpanIds::from_words(high, low, span, flags)) };
-    Ok(())
-}
-
-/// Marks the calling thread's record as carrying no span.
-#[napi]
-pub fn clear_span_context(env: Env) -> Result<()> {
-    let slot = current_slot(&env)?;
-    // SAFETY: the slot belongs to this thread while it is registered.
-    unsafe { record::invalidate(slot.record) };
-    Ok(())
 }
 
 /// Diagnostics about the calling thread's registration.

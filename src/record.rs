@@ -5,8 +5,10 @@
 //! stopped or interrupted, so the writer needs compiler ordering, not CPU
 //! barriers: every store is volatile and separated by compiler fences.
 //!
-//! The JavaScript fast path (`js/record-view.js`) writes the same bytes
-//! through a typed-array view over the record and follows the same protocol.
+//! The writer is JavaScript (`js/record-view.js`): it stores into the record
+//! through a typed-array view, with no napi call per write. `publish` below
+//! is the same protocol in Rust, kept as the executable reference the unit
+//! tests check the layout against.
 
 use std::mem::{align_of, offset_of, size_of};
 use std::ptr::{addr_of_mut, write_volatile};
@@ -57,6 +59,7 @@ const _: () = {
 };
 
 /// A span context as the record stores it.
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpanIds {
     pub trace_id: [u8; 16],
@@ -64,6 +67,7 @@ pub struct SpanIds {
     pub trace_flags: u8,
 }
 
+#[cfg(test)]
 impl SpanIds {
     /// Builds ids from the numbers the napi API takes: `trace_id_high` is the
     /// first 8 bytes of the W3C trace id read as a big-endian number.
@@ -79,6 +83,7 @@ impl SpanIds {
 ///
 /// # Safety
 /// `record` must point at a live record owned by the calling thread.
+#[cfg(test)]
 pub unsafe fn publish(record: *mut ThreadContextRecord, ids: &SpanIds) {
     // SAFETY: the caller guarantees `record` is live and ours to write;
     // addr_of_mut avoids creating references to memory JS also writes.
