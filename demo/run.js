@@ -132,6 +132,7 @@ function stackProgram(pid, offset) {
   // bytes of attrs_data (where http.route sits), user stack.
   return `
     BEGIN { printf("B\\n"); }
+    interval:s:${LOAD_SECONDS + 60} { exit(); }
     profile:hz:${STACK_HZ} /pid == ${pid}/ {
       $p = *(uint64 *)uptr(${variable});
       $valid = (uint8)0;
@@ -365,10 +366,14 @@ async function main() {
         onLine: (l) => (stackText += `${l}\n`),
         env: { BPFTRACE_CACHE_USER_SYMBOLS: '1' },
       });
+      track(bt.child);
     }
     const sampleStart = Date.now();
     let rd = null;
-    if (readerReason === null) rd = reader.sample(pid, { hz: READER_HZ, durationS: LOAD_SECONDS + 2 });
+    if (readerReason === null) {
+      rd = reader.sample(pid, { hz: READER_HZ, durationS: LOAD_SECONDS + 2 });
+      track(rd.child);
+    }
 
     console.log(`load: ${CONNECTIONS} connections for ${LOAD_SECONDS} s (at most ${MAX_REQUESTS} requests) cycling over ${[...new Set(PATHS.map((p) => p.replace(/\d+$/, ':id')))].join(' ')}`);
     const load = await drive(port, LOAD_SECONDS);

@@ -129,6 +129,7 @@ async function readFsBases(pid, tids, timeoutMs = 3000) {
       @seen[tid] = 1;
       printf("T %d %llu\\n", tid, curtask->thread.fsbase);
     }
+    interval:s:10 { exit(); }
     END { clear(@seen); }`;
   const bt = await startBpftrace(program, {
     onLine(line) {
@@ -172,9 +173,10 @@ function variableExpr(offset) {
 /**
  * The sampler program for process `pid`: on-CPU samples at `hz`, off-CPU
  * intervals from sched_switch, epoll idle marks, and the clock probe write of
- * thread `clockTid`.
+ * thread `clockTid`. It exits by itself after `maxSeconds`, so an abandoned
+ * sampler does not linger.
  */
-function samplerProgram({ pid, offset, hz = 997, offCpu = true, clockTid = 0 }) {
+function samplerProgram({ pid, offset, hz = 997, offCpu = true, clockTid = 0, maxSeconds = 600 }) {
   const variable = variableExpr(offset);
   const readRecord = (tag, extra) => `
     $p = *(uint64 *)uptr(${variable});
@@ -186,6 +188,7 @@ function samplerProgram({ pid, offset, hz = 997, offCpu = true, clockTid = 0 }) 
     }`;
   let program = `
     BEGIN { printf("B\\n"); }
+    interval:s:${maxSeconds} { exit(); }
     profile:hz:${hz} /pid == ${pid}/ {${readRecord('S', { fmt: '', args: '' })}
     }`;
   if (offCpu) {

@@ -5,6 +5,7 @@
 // of resp-i blocks that long.
 //
 // Usage: node fifo-helper.js <dir> <threads>
+// Exits when its standard input closes (the workload is gone).
 
 const fs = require('node:fs');
 const net = require('node:net');
@@ -25,3 +26,5 @@ for (let i = 0; i < Number(count); i++) {
     }
   });
 }
+
+process.stdin.on('end', () => process.exit(0)).resume();

@@ -12,9 +12,20 @@ const score = require('./score');
 
 const WORKLOAD = path.join(__dirname, 'workload.js');
 
+// Processes of runs in progress, stopped if this process exits mid-run.
+const live = new Set();
+function track(child) {
+  live.add(child);
+  child.on('exit', () => live.delete(child));
+  return child;
+}
+process.on('exit', () => {
+  for (const child of live) child.kill('SIGKILL');
+});
+
 /** Starts the workload with `node`; resolves {child, events, next(event)} once it is ready. */
 function startWorkload(node, params) {
-  const child = spawn(node, [WORKLOAD, JSON.stringify(params)], { stdio: ['pipe', 'pipe', 'inherit'] });
+  const child = track(spawn(node, [WORKLOAD, JSON.stringify(params)], { stdio: ['pipe', 'pipe', 'inherit'] }));
   const events = [];
   const waiters = [];
   let pending = '';
@@ -100,12 +111,14 @@ async function runAccuracy(options = {}) {
     let col = null;
     if (samplers.includes('bpftrace')) {
       col = bpf.collector();
-      bt = await bpf.startBpftrace(bpf.samplerProgram({ pid, offset, hz, clockTid: mainTid }), { onLine: col.onLine });
+      bt = await bpf.startBpftrace(bpf.samplerProgram({ pid, offset, hz, clockTid: mainTid, maxSeconds: Math.ceil((cpuMs + offMs + idleMs) / 1000) + 120 }), { onLine: col.onLine });
+      track(bt.child);
       log(`bpftrace attached (profile:hz:${hz}, sched_switch)`);
     }
     if (samplers.includes('reader')) {
       const durationS = Math.ceil((cpuMs + offMs + idleMs + 2000) / 1000);
       rd = reader.sample(pid, { hz: readerHz, durationS });
+      track(rd.child);
       log(`reader sampling at ${readerHz} Hz`);
     }
 

@@ -122,6 +122,9 @@ async function main() {
   if (opts.json) fs.writeFileSync(opts.json, `${JSON.stringify(results, null, 2)}\n`);
 }
 
+// Interrupted: exit through process.exit so the harness stops its children.
+for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(130));
+
 main().catch((err) => {
   console.error(err);
   process.exit(1);

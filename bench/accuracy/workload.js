@@ -304,7 +304,7 @@ if (isMainThread) {
     execFileSync('mkfifo', [path.join(DIR, `req-${i}`), path.join(DIR, `resp-${i}`)]);
   }
   const helper = spawn(process.execPath, [path.join(__dirname, 'fifo-helper.js'), DIR, String(WORKERS + 1)], {
-    stdio: ['ignore', 'ignore', 'inherit'],
+    stdio: ['pipe', 'ignore', 'inherit'], // it exits when this pipe closes
   });
   fifo = openFifo(0);
   // Keep every loop making syscalls until 'go', so a sampler can see each thread.
@@ -332,6 +332,8 @@ if (isMainThread) {
     process.stdout.write(`${JSON.stringify({ event: 'ready', pid: process.pid, threads })}\n`);
     let input = '';
     let started = false;
+    // The harness went away before 'go': nothing will ever start the run.
+    process.stdin.once('end', () => started || process.exit(1));
     process.stdin.on('data', (chunk) => {
       input += chunk;
       if (started || !input.includes('go\n')) return;
