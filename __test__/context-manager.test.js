@@ -317,3 +317,20 @@ test('an enabled manager publishes a process context with the schema version', (
     reader.close();
   }
 });
+
+test('re-publishing a span rewrites its bytes whenever something else was written in between', () => {
+  const { setSpanContext, clearSpanContext } = require('..');
+  const a = spanContextFor('held-a');
+  const b = spanContextFor('held-b');
+  context.with(a.ctx, () => assertPublished(a.spanContext, 'a'));
+  assertPublished(null, 'after a');
+  context.with(a.ctx, () => assertPublished(a.spanContext, 'a again (only valid rewritten)'));
+  setSpanContext(0x77n, 0x88n, 0x99n, 0); // the direct API overwrites the ids
+  clearSpanContext();
+  context.with(a.ctx, () => assertPublished(a.spanContext, 'a after a direct write'));
+  context.with(b.ctx, () => {
+    assertPublished(b.spanContext, 'b');
+    context.with(a.ctx, () => assertPublished(a.spanContext, 'a inside b'));
+    assertPublished(b.spanContext, 'b after a');
+  });
+});
