@@ -334,3 +334,17 @@ test('re-publishing a span rewrites its bytes whenever something else was writte
     assertPublished(b.spanContext, 'b after a');
   });
 });
+
+test('only the most recently enabled manager publishes', () => {
+  const a = spanContextFor('first-manager');
+  const b = spanContextFor('second-manager');
+  const second = new ProfilingContextManager().enable();
+  try {
+    manager.with(a.ctx, () => assertPublished(null, 'with() of the replaced manager'));
+    second.with(b.ctx, () => assertPublished(b.spanContext, 'with() of the publishing manager'));
+  } finally {
+    second.disable();
+    context.setGlobalContextManager(manager.enable());
+  }
+  manager.with(a.ctx, () => assertPublished(a.spanContext, 'publishing again once re-enabled'));
+});

@@ -103,7 +103,9 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     super.enable();
     if (!this._publishing) {
       this._publishing = true;
-      continuations.activate(this, publishContext);
+      const replaced = continuations.activate(this, publishContext);
+      // Only the most recently enabled manager of a thread publishes.
+      if (replaced !== null && replaced !== this) replaced._publishing = false;
       schema = this._attributeSchema;
       binding.setClearOnIdle(true);
       publishMinimalProcessContext();

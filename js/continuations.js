@@ -69,12 +69,17 @@ function selectStrategy() {
 
 const strategy = selectStrategy();
 
-/** Makes `manager` the publisher: `publishFn(store)` runs at every callback start. */
+/**
+ * Makes `manager` the publisher: `publishFn(store)` runs at every callback
+ * start. Returns the manager it replaces, or null.
+ */
 function activate(manager, publishFn) {
-  if (activeManager === null) strategy.enable();
+  const previous = activeManager;
+  if (previous === null) strategy.enable();
   activeManager = manager;
   storage = manager._asyncLocalStorage;
   publish = publishFn;
+  return previous;
 }
 
 /** Returns true when `manager` was the one publishing (and now none is). */
