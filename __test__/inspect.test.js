@@ -3,7 +3,8 @@
 // processes, run with the Node binary running this suite: a main thread and
 // two workers parked inside their own spans, the same threads once their
 // spans ended and their loops idle, a process without the addon, a pid that
-// does not exist, and a sampler killed mid-run.
+// does not exist, a sampler killed mid-run, and samplers whose target has
+// workers that come and go, exits, or is killed mid-run.
 const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
@@ -189,6 +190,105 @@ test('sample killed with SIGTERM mid-run leaves the target running and untraced'
   assert.strictEqual((await next('idle')).phase, 'idle');
   child.kill('SIGUSR2');
   assert.strictEqual((await next('pong')).phase, 'pong');
+});
+
+// A child whose workers come and go: it keeps three workers alive, each
+// publishing one span while it spins for a moment and then exiting, and
+// exits by itself after about a second.
+const CHURN = `
+const { Worker, isMainThread } = require('node:worker_threads');
+const { context, trace } = require(${JSON.stringify(require.resolve('@opentelemetry/api', { paths: [ROOT] }))});
+const { ProfilingContextManager } = require(${JSON.stringify(ROOT)});
+context.setGlobalContextManager(new ProfilingContextManager().enable());
+const sc = { traceId: '5bf92f3577b34da6a3ce929d0e0e4736', spanId: '10f067aa0ba902b7', traceFlags: 1 };
+if (isMainThread) {
+  const end = Date.now() + 1000;
+  const start = () => {
+    if (Date.now() < end) new Worker(__filename).on('exit', start);
+  };
+  for (let i = 0; i < 3; i++) start();
+  console.log(JSON.stringify({ phase: 'churning', traceId: sc.traceId, spanId: sc.spanId }));
+  setTimeout(() => process.exit(0), 1000);
+} else {
+  context.with(trace.setSpanContext(context.active(), sc), () => {
+    const until = Date.now() + 30;
+    while (Date.now() < until);
+  });
+}
+`;
+
+/** Runs the reader with `args`; resolves with its exit code and output. */
+function run(args) {
+  const p = spawn(READER, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  p.stdout.on('data', (d) => (stdout += d));
+  p.stderr.on('data', (d) => (stderr += d));
+  return new Promise((resolve) => p.on('close', (status) => resolve({ status, stdout, stderr })));
+}
+
+test('sample of a process whose workers come and go, then which exits: exit 0 with the samples read', async (t) => {
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'otel-inspect-')), 'churn.js');
+  fs.writeFileSync(file, CHURN);
+  const child = spawn(process.execPath, [file], { stdio: ['ignore', 'pipe', 'inherit'] });
+  t.after(() => {
+    child.kill('SIGKILL');
+    fs.rmSync(path.dirname(file), { recursive: true, force: true });
+  });
+  const ready = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('child never started churning')), 20000);
+    let pending = '';
+    child.stdout.on('data', (d) => {
+      pending += d;
+      const i = pending.indexOf('\n');
+      if (i < 0) return;
+      clearTimeout(timer);
+      resolve(JSON.parse(pending.slice(0, i)));
+    });
+  });
+  assert.strictEqual(ready.phase, 'churning');
+  const started = Date.now();
+  const r = await run(['sample', '--pid', String(child.pid), '--hz', '500', '--duration', '3', '--raw']);
+  assert.strictEqual(r.status, 0, r.stderr);
+  assert.ok(Date.now() - started < 2500, `the run ends with the process (${Date.now() - started} ms)`);
+  const lines = r.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  assert.ok(lines.length > 0, 'samples were printed');
+  const tids = new Set(lines.map((l) => l.tid));
+  assert.ok(tids.has(child.pid), 'the main thread was read');
+  let inSpan = 0;
+  for (const l of lines) {
+    assert.strictEqual(l.error, undefined, JSON.stringify(l));
+    if (l.valid) {
+      inSpan++;
+      assert.deepStrictEqual([l.trace_id, l.span_id], [ready.traceId, ready.spanId]);
+    }
+  }
+  assert.ok(inSpan > 0, 'some worker was read inside its span');
+  assert.match(r.stderr, /the target exited/);
+  assert.match(r.stderr.trimEnd().split('\n').pop(), new RegExp(`pid ${child.pid} exited after`));
+});
+
+test('sample of a process killed mid-run: exit 0 with the samples read until then', async (t) => {
+  const { child, next } = startChild(t);
+  const parked = await next('parked');
+  const started = Date.now();
+  const sampling = run(['sample', '--pid', String(child.pid), '--hz', '500', '--duration', '3', '--json']);
+  await new Promise((r) => setTimeout(r, 300));
+  child.kill('SIGKILL');
+  const r = await sampling;
+  assert.strictEqual(r.status, 0, r.stderr);
+  assert.ok(Date.now() - started < 2500, `the run ends with the process (${Date.now() - started} ms)`);
+  const summary = JSON.parse(r.stdout);
+  assert.strictEqual(summary.target_exited, true);
+  assert.strictEqual(summary.interrupted_by_signal, null);
+  assert.ok(summary.rounds > 0, 'it sampled before the process died');
+  for (const th of parked.threads) {
+    const entry = summary.threads.find((x) => x.tid === th.tid);
+    assert.ok(entry && entry.samples > 0, `thread ${th.tid} was sampled`);
+    assert.strictEqual(entry.spans[0].span_id, th.spanId);
+  }
+  for (const th of summary.threads) assert.strictEqual(th.errors, 0, JSON.stringify(th));
+  assert.match(r.stderr, new RegExp(`pid ${child.pid} exited after`));
 });
 
 test('a Node process without the addon: exit 1 with the reason', async (t) => {

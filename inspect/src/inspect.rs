@@ -324,7 +324,7 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
         }
     };
 
-    let mut tracer = Tracer::new(stop_timeout);
+    let mut tracer = Tracer::new(pid, stop_timeout);
     let mut threads = Vec::new();
     for tid in thread::list(pid) {
         if let Some(sig) = signals::requested() {
@@ -420,7 +420,11 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
     }
     drop(tracer);
     if !threads.iter().any(|t| t.tls.is_some()) {
-        problems.push("no thread could be read".into());
+        problems.push(if thread::process_exited(pid) {
+            "the process exited before any thread could be read".into()
+        } else {
+            "no thread could be read".into()
+        });
     }
     Ok(finish(
         pid,

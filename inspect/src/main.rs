@@ -2,7 +2,7 @@
 //! context from a running process, from the outside, as a profiler would.
 //!
 //! Exit status: 0 = the process publishes conformant thread context (or the
-//! sample run completed), 1 = it does not (the reason is printed),
+//! sample run completed, including one the process ended by exiting), 1 = it does not (the reason is printed),
 //! 2 = usage or permission error (including a nonexistent pid),
 //! 128 + N = stopped early by signal N (every thread already released).
 
@@ -165,6 +165,12 @@ fn main() -> ExitCode {
                         eprint!("{text}");
                     } else {
                         emit(&text);
+                    }
+                    if summary.target_exited {
+                        eprintln!(
+                            "otel-thread-ctx: pid {pid} exited after {:.2} s; the summary covers the {} rounds read until then",
+                            summary.elapsed_s, summary.rounds
+                        );
                     }
                     match summary.interrupted_by_signal {
                         Some(sig) => ExitCode::from(128u8.wrapping_add(sig as u8)),

@@ -7,9 +7,16 @@
 //! signals, which only set a flag). A thread that does not reach its stop
 //! within the timeout (e.g. in uninterruptible sleep) is remembered and
 //! detached as soon as it stops; whatever is still attached when the reader
-//! exits is detached by the kernel.
+//! exits is detached by the kernel. A thread killed while held (the process
+//! exiting) is reaped, so the target's own parent can reap the process.
+//!
+//! A thread that is exiting makes ptrace fail with `ESRCH` or `EPERM`; such
+//! failures are [`StopError::Gone`], not a permission error, whenever
+//! `/proc` shows the thread missing, a zombie, dead, or exiting.
 
 use std::time::{Duration, Instant};
+
+use crate::thread;
 
 /// Why a thread could not be stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,8 +46,11 @@ impl std::fmt::Display for StopError {
 /// come from the thread that created it (ptrace binds a tracee to one tracer
 /// thread); the reader is single-threaded.
 pub struct Tracer {
+    /// The process whose threads are stopped.
+    pid: i32,
     timeout: Duration,
-    /// Threads seized and interrupted whose stop we have not seen yet.
+    /// Threads seized and interrupted whose stop we have not seen yet, and
+    /// threads killed while held that are still ours to reap.
     pending: Vec<i32>,
 }
 
@@ -62,7 +72,7 @@ pub struct Stopped<'t> {
     interrupted_at: Instant,
     stopped_at: Instant,
     released: bool,
-    _tracer: &'t mut Tracer,
+    tracer: &'t mut Tracer,
 }
 
 fn errno() -> i32 {
@@ -146,26 +156,48 @@ fn classify(status: i32) -> Waited {
     }
 }
 
-/// `TracerPid` and state letter of a thread, from `/proc/<tid>/status`.
-fn trace_status(tid: i32) -> Option<(i32, char)> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(str::trim)
-    };
-    let tracer = field("TracerPid:")?.parse().ok()?;
-    let state = field("State:")?.chars().next()?;
-    Some((tracer, state))
+/// `TracerPid` of a thread, from `/proc/<pid>/task/<tid>/status`.
+fn tracer_pid(pid: i32, tid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl Tracer {
-    /// A tracer that waits at most `timeout` for each thread to stop.
-    pub fn new(timeout: Duration) -> Tracer {
+    /// A tracer for the threads of process `pid` that waits at most
+    /// `timeout` for each thread to stop.
+    pub fn new(pid: i32, timeout: Duration) -> Tracer {
         Tracer {
+            pid,
             timeout,
             pending: Vec::new(),
+        }
+    }
+
+    /// The process whose threads this tracer stops.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Why `PTRACE_SEIZE` of `tid` failed with `EPERM`. An exiting thread
+    /// (or one of a process that is exiting) cannot be seized either; only a
+    /// thread that is still alive afterwards proves a permission failure.
+    fn seize_denied(&self, tid: i32) -> StopError {
+        if thread::exited(self.pid, tid) {
+            // Includes a main thread that called pthread_exit: a zombie
+            // cannot be traced and has no context left to read.
+            return StopError::Gone;
+        }
+        match tracer_pid(self.pid, tid) {
+            None => StopError::Gone,
+            Some(t) if t != 0 => StopError::Busy(format!("thread is already traced by pid {t}")),
+            Some(_) => StopError::Permission(
+                "permission denied by ptrace (run as root, or as the target's user with kernel.yama.ptrace_scope=0, or grant CAP_SYS_PTRACE)".into(),
+            ),
         }
     }
 
@@ -173,6 +205,9 @@ impl Tracer {
     pub fn stop(&mut self, tid: i32) -> Result<Stopped<'_>, StopError> {
         self.settle_pending();
         if self.pending.contains(&tid) {
+            if thread::exited(self.pid, tid) {
+                return Err(StopError::Gone);
+            }
             return Err(StopError::Other(
                 "thread still has not reached an earlier stop".into(),
             ));
@@ -180,16 +215,11 @@ impl Tracer {
         if ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
             return Err(match errno() {
                 libc::ESRCH => StopError::Gone,
-                libc::EPERM => match trace_status(tid) {
-                    Some((t, _)) if t != 0 => StopError::Busy(format!("thread is already traced by pid {t}")),
-                    // A zombie (e.g. a main thread that called pthread_exit)
-                    // cannot be traced and has no context left to read.
-                    Some((_, 'Z' | 'X')) | None => StopError::Gone,
-                    _ => StopError::Permission(
-                        "permission denied by ptrace (run as root, or as the target's user with kernel.yama.ptrace_scope=0, or grant CAP_SYS_PTRACE)".into(),
-                    ),
-                },
-                e => StopError::Other(format!("PTRACE_SEIZE: {}", std::io::Error::from_raw_os_error(e))),
+                libc::EPERM => self.seize_denied(tid),
+                e => StopError::Other(format!(
+                    "PTRACE_SEIZE: {}",
+                    std::io::Error::from_raw_os_error(e)
+                )),
             });
         }
         let interrupted_at = Instant::now();
@@ -212,7 +242,7 @@ impl Tracer {
                 interrupted_at,
                 stopped_at: Instant::now(),
                 released: false,
-                _tracer: self,
+                tracer: self,
             }),
             Some(Waited::Gone) => Err(StopError::Gone),
             None => {
@@ -306,9 +336,14 @@ impl Stopped<'_> {
     fn detach(&mut self) {
         if !self.released {
             self.released = true;
-            // If the thread was killed meanwhile this fails with ESRCH, which
-            // is fine: there is nothing left to release.
-            ptrace(libc::PTRACE_DETACH, self.tid, 0, self.deliver as usize);
+            if ptrace(libc::PTRACE_DETACH, self.tid, 0, self.deliver as usize) != 0
+                && errno() == libc::ESRCH
+            {
+                // Killed meanwhile (e.g. the process is exiting): there is
+                // nothing left to release, but the dead thread is still our
+                // tracee and must be reaped before the process can be.
+                self.tracer.pending.push(self.tid);
+            }
         }
     }
 }

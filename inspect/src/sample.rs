@@ -61,6 +61,8 @@ pub struct Summary {
     pub stop_time: StopStats,
     /// Set when SIGINT/SIGTERM/SIGHUP/SIGQUIT ended the run early.
     pub interrupted_by_signal: Option<i32>,
+    /// The process exited before the requested duration was over; the
+    /// summary covers the rounds read until then.
     pub target_exited: bool,
     pub threads: Vec<ThreadSummary>,
 }
@@ -152,7 +154,7 @@ pub fn run(
         }
     };
     let period = Duration::from_secs_f64(1.0 / opts.hz);
-    let mut tracer = Tracer::new(opts.stop_timeout);
+    let mut tracer = Tracer::new(opts.pid, opts.stop_timeout);
     let mut tallies: BTreeMap<i32, Tally> = BTreeMap::new();
     let mut held = Vec::new();
     let mut to_stop = Vec::new();
@@ -171,22 +173,32 @@ pub fn run(
             target_exited = true;
             break;
         }
+        // Threads read this round; none means every listed thread is gone.
+        let mut read_any = false;
         for tid in tids {
             if signals::requested().is_some() {
                 break 'run;
             }
-            let read = thread::read(
+            let read = match thread::read(
                 &mut tracer,
                 tid,
                 &resolution.plan,
                 &target.memory,
                 &tls::HOST,
                 false,
-            )
-            .map_err(Fatal)?;
+            ) {
+                Ok(read) => read,
+                // The process died under the read: end with what was gathered.
+                Err(_) if thread::process_exited(opts.pid) => {
+                    target_exited = true;
+                    break 'run;
+                }
+                Err(e) => return Err(Fatal(e)),
+            };
             if matches!(read.outcome, Outcome::Gone) {
                 continue;
             }
+            read_any = true;
             reads += 1;
             if let Some(t) = read.times {
                 held.push(t.held.as_nanos() as u64);
@@ -230,6 +242,11 @@ pub fn run(
                     break 'run;
                 }
             }
+        }
+        if !read_any && thread::process_exited(opts.pid) {
+            // Exited, possibly still a zombie its parent has not reaped.
+            target_exited = true;
+            break;
         }
         rounds += 1;
         next += period;

@@ -48,7 +48,9 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// Reads `tid`'s context while it is stopped. Returns `Err` only for a
-/// permission failure, which makes every further attempt pointless.
+/// permission failure, which makes every further attempt pointless. A
+/// thread that exits before or while it is read is `Outcome::Gone`, even
+/// when the failure showed up as an error of ptrace or of a memory read.
 pub fn read(
     tracer: &mut Tracer,
     tid: i32,
@@ -65,10 +67,12 @@ pub fn read(
         outcome: Outcome::Gone,
         times: None,
     };
+    let pid = tracer.pid();
     let stopped = match tracer.stop(tid) {
         Ok(s) => s,
         Err(StopError::Gone) => return Ok(out),
         Err(StopError::Permission(e)) => return Err(e),
+        Err(_) if exited(pid, tid) => return Ok(out),
         Err(e) => {
             out.outcome = Outcome::Error(format!("cannot stop the thread: {e}"));
             return Ok(out);
@@ -96,6 +100,12 @@ pub fn read(
     })()
     .unwrap_or_else(Outcome::Error);
     out.times = Some(stopped.release());
+    if matches!(out.outcome, Outcome::Error(_)) && exited(pid, tid) {
+        // Killed while held (e.g. the process called exit): the failed
+        // read says nothing about the thread's context.
+        out.outcome = Outcome::Gone;
+        out.times = None;
+    }
     Ok(out)
 }
 
@@ -109,6 +119,41 @@ pub fn list(pid: i32) -> Vec<i32> {
         .unwrap_or_default();
     tids.sort_unstable();
     tids
+}
+
+/// `PF_EXITING` in the flags field of `/proc/<pid>/task/<tid>/stat`: the
+/// thread is inside `exit(2)` and will never run user code again.
+const PF_EXITING: u64 = 0x4;
+
+/// Whether thread `tid` of process `pid` is gone: no longer listed under
+/// `/proc/<pid>/task`, a zombie or dead (state `Z` or `X`), or already
+/// exiting. A ptrace request on such a thread fails with `ESRCH` or
+/// `EPERM`; this tells that apart from a real permission failure.
+pub fn exited(pid: i32, tid: i32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
+        return true;
+    };
+    // "tid (comm) state ppid pgrp session tty_nr tpgid flags ...": comm may
+    // hold spaces and parentheses, so fields are counted after the last ')'.
+    let Some(fields) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return false;
+    };
+    let mut fields = fields.split_whitespace();
+    let state = fields.next().and_then(|s| s.chars().next());
+    if matches!(state, Some('Z' | 'X' | 'x')) {
+        return true;
+    }
+    fields
+        .nth(5)
+        .and_then(|f| f.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_EXITING != 0)
+}
+
+/// Whether the whole process has exited: none of its threads is left
+/// alive (a process its parent has not reaped yet still lists its zombie
+/// main thread).
+pub fn process_exited(pid: i32) -> bool {
+    list(pid).into_iter().all(|tid| exited(pid, tid))
 }
 
 /// The thread's name (`/proc/<pid>/task/<tid>/comm`).

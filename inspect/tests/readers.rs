@@ -3,6 +3,8 @@
 //! library, both loaded with dlopen; an initial-exec library linked at build
 //! time; and an executable that defines the symbol itself. Each publishes
 //! known records on six threads; the reader must find every one exactly.
+//! A last executable starts and ends threads all the time, then exits: the
+//! reader must skip threads that are gone and end normally with the process.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -25,6 +27,7 @@ fn fixtures() -> &'static Path {
         std::fs::create_dir_all(&out).unwrap();
         let writer = src.join("writer.c");
         let host = src.join("host.c");
+        let churn_src = src.join("churn.c");
         let o = |name: &str| out.join(name).to_str().unwrap().to_string();
         let (desc, big, gd, ie) = (
             o("libdesc.so"),
@@ -33,6 +36,7 @@ fn fixtures() -> &'static Path {
             o("libwriter_ie.so"),
         );
         let (h_dl, h_exe, h_ie) = (o("host_dlopen"), o("host_exe"), o("host_ie"));
+        let churn = o("churn");
         let (w, h) = (writer.to_str().unwrap(), host.to_str().unwrap());
         let rpath = format!("-Wl,-rpath,{}", out.display());
         let libdir = format!("-L{}", out.display());
@@ -59,6 +63,13 @@ fn fixtures() -> &'static Path {
                 &libdir,
                 "-lwriter_ie",
                 &rpath,
+                "-lpthread",
+            ],
+            vec![
+                "-rdynamic",
+                "-o",
+                &churn,
+                churn_src.to_str().unwrap(),
                 "-lpthread",
             ],
         ];
@@ -609,4 +620,236 @@ fn permission_denied_exits_2() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("permission denied"));
+}
+
+/// The churn fixture: threads that come and go for a while, then an exit.
+/// Killed and reaped when dropped.
+struct Churn {
+    child: Child,
+    pid: i32,
+    main_ids: (String, String),
+    worker_ids: (String, String),
+}
+
+impl Drop for Churn {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the churn fixture for `seconds` and waits until it runs.
+fn spawn_churn(seconds: &str) -> Churn {
+    let mut child = Command::new(fixtures().join("churn"))
+        .arg(seconds)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("fixture starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let w: Vec<String> = line.split_whitespace().map(String::from).collect();
+    assert_eq!(w.len(), 5, "unexpected fixture output {line:?}");
+    assert_eq!(w[0], "ready");
+    Churn {
+        pid: child.id() as i32,
+        child,
+        main_ids: (w[1].clone(), w[2].clone()),
+        worker_ids: (w[3].clone(), w[4].clone()),
+    }
+}
+
+/// The first JSON value of `bytes` (a summary may be followed by notes).
+fn first_json(bytes: &[u8]) -> Value {
+    serde_json::Deserializer::from_slice(bytes)
+        .into_iter::<Value>()
+        .next()
+        .unwrap_or_else(|| panic!("no JSON in {}", String::from_utf8_lossy(bytes)))
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(bytes)))
+}
+
+#[test]
+fn sample_skips_threads_that_come_and_go_and_ends_when_the_target_exits() {
+    // The target lives 1 s; the run asks for 3. The process is not reaped
+    // until the fixture is dropped, so the reader sees it turn into a zombie.
+    let f = spawn_churn("1");
+    let started = std::time::Instant::now();
+    let out = reader(&[
+        "sample",
+        "--pid",
+        &f.pid.to_string(),
+        "--hz",
+        "500",
+        "--duration",
+        "3",
+        "--raw",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "the run ends with the process, took {:?}",
+        started.elapsed()
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let (mut main_reads, mut worker_reads) = (0, 0);
+    let mut tids = std::collections::HashSet::new();
+    for line in stdout.lines() {
+        let s: Value = serde_json::from_str(line).unwrap();
+        assert!(s.get("error").is_none(), "a read failed: {line}");
+        let tid = s["tid"].as_i64().unwrap() as i32;
+        tids.insert(tid);
+        if tid == f.pid {
+            main_reads += 1;
+            assert_eq!(s["valid"], true, "{line}");
+            assert_eq!(s["trace_id"], f.main_ids.0);
+            assert_eq!(s["span_id"], f.main_ids.1);
+        } else if s["valid"] == true {
+            worker_reads += 1;
+            assert_eq!(s["trace_id"], f.worker_ids.0, "{line}");
+            assert_eq!(s["span_id"], f.worker_ids.1, "{line}");
+        }
+    }
+    assert!(
+        main_reads > 50,
+        "the main thread was read in most rounds: {main_reads}"
+    );
+    assert!(
+        tids.len() > 2,
+        "threads that came and went were read: {tids:?}"
+    );
+    assert!(worker_reads > 0, "some worker was read inside its span");
+    let summary = first_json(&out.stderr);
+    assert_eq!(summary["target_exited"], true, "{summary:#}");
+    assert_eq!(summary["interrupted_by_signal"], Value::Null);
+    assert!(summary["elapsed_s"].as_f64().unwrap() < 2.5, "{summary:#}");
+    assert_eq!(
+        summary["reads"].as_u64().unwrap() as usize,
+        stdout.lines().count(),
+        "one raw line per read"
+    );
+    assert!(summary["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t["errors"] == 0));
+    assert!(
+        stderr
+            .trim_end()
+            .lines()
+            .last()
+            .unwrap()
+            .contains(&format!("pid {} exited after", f.pid)),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sample_ends_normally_when_the_target_is_killed_mid_run() {
+    let lib = fixtures().join("libdesc.so");
+    // Killed and left a zombie, then killed and reaped at once.
+    for reap in [false, true] {
+        let mut f = spawn("host_dlopen", &[lib.to_str().unwrap()]);
+        let started = std::time::Instant::now();
+        let s = Command::new(READER)
+            .args([
+                "sample",
+                "--pid",
+                &f.pid.to_string(),
+                "--hz",
+                "500",
+                "--duration",
+                "3",
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        f.child.kill().unwrap();
+        if reap {
+            f.child.wait().unwrap();
+        }
+        let out = s.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "reap {reap}: {stderr}");
+        assert!(
+            started.elapsed() < Duration::from_millis(2500),
+            "reap {reap}"
+        );
+        let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(summary["target_exited"], true, "{summary:#}");
+        assert!(summary["rounds"].as_u64().unwrap() > 10, "{summary:#}");
+        let threads = summary["threads"].as_array().unwrap();
+        assert_eq!(threads.len(), 6, "{summary:#}");
+        for t in threads {
+            assert!(t["samples"].as_u64().unwrap() > 10, "{t:#}");
+            assert_eq!(t["errors"], 0, "{t:#}");
+        }
+        assert!(
+            stderr.contains(&format!("pid {} exited after", f.pid)),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn inspect_reports_threads_that_exit_as_exited_not_as_errors() {
+    let f = spawn_churn("2");
+    for _ in 0..5 {
+        let (code, r) = inspect_json(f.pid);
+        assert_eq!(code, 0, "{r:#}");
+        assert!(r["problems"].as_array().unwrap().is_empty(), "{r:#}");
+        for t in r["threads"].as_array().unwrap() {
+            let status = t["status"].as_str().unwrap();
+            assert!(["valid", "no-record", "exited"].contains(&status), "{t:#}");
+            if t["tid"] == f.pid {
+                assert_eq!(status, "valid", "{t:#}");
+                assert_eq!(t["record"]["trace_id"], f.main_ids.0);
+                assert_eq!(t["record"]["span_id"], f.main_ids.1);
+            } else if status == "valid" {
+                assert_eq!(t["record"]["trace_id"], f.worker_ids.0);
+                assert_eq!(t["record"]["span_id"], f.worker_ids.1);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sample_of_a_process_it_may_not_trace_exits_2() {
+    let f = spawn("host_exe", &[]);
+    // SAFETY: geteuid has no preconditions.
+    let out = if unsafe { libc::geteuid() } == 0 {
+        // Drop to nobody to read a root-owned process.
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                READER,
+                "sample",
+                "--pid",
+                &f.pid.to_string(),
+                "--hz",
+                "500",
+                "--duration",
+                "1",
+            ])
+            .output()
+            .expect("setpriv runs")
+    } else {
+        reader(&["sample", "--pid", "1", "--hz", "500", "--duration", "1"])
+    };
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("permission denied"));
+    assert_running_untraced(f.pid);
 }
