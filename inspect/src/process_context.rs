@@ -31,74 +31,7 @@ const RETRY_DELAY: Duration = Duration::from_micros(500);
 /// Known `threadlocal.schema_version` values for the TLS record format.
 pub const KNOWN_SCHEMAS: [&str; 2] = ["tlsdesc_v1_dev", "tls_v1"];
 
-/// `opentelemetry.proto.processcontext.v1development.ProcessContext`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ProcessContext {
-    #[prost(message, optional, tag = "1")]
-    pub resource: Option<Resource>,
-    #[prost(message, repeated, tag = "2")]
-    pub attributes: Vec<KeyValue>,
-}
-
-/// `opentelemetry.proto.resource.v1.Resource` (entity refs are skipped).
-#[derive(Clone, PartialEq, Message)]
-pub struct Resource {
-    #[prost(message, repeated, tag = "1")]
-    pub attributes: Vec<KeyValue>,
-    #[prost(uint32, tag = "2")]
-    pub dropped_attributes_count: u32,
-}
-
-/// `opentelemetry.proto.common.v1.KeyValue`.
-#[derive(Clone, PartialEq, Message)]
-pub struct KeyValue {
-    #[prost(string, tag = "1")]
-    pub key: String,
-    #[prost(message, optional, tag = "2")]
-    pub value: Option<AnyValue>,
-}
-
-/// `opentelemetry.proto.common.v1.AnyValue`.
-#[derive(Clone, PartialEq, Message)]
-pub struct AnyValue {
-    #[prost(oneof = "any_value::Value", tags = "1, 2, 3, 4, 5, 6, 7")]
-    pub value: Option<any_value::Value>,
-}
-
-/// The `AnyValue.value` oneof.
-pub mod any_value {
-    #[derive(Clone, PartialEq, prost::Oneof)]
-    pub enum Value {
-        #[prost(string, tag = "1")]
-        StringValue(String),
-        #[prost(bool, tag = "2")]
-        BoolValue(bool),
-        #[prost(int64, tag = "3")]
-        IntValue(i64),
-        #[prost(double, tag = "4")]
-        DoubleValue(f64),
-        #[prost(message, tag = "5")]
-        ArrayValue(super::ArrayValue),
-        #[prost(message, tag = "6")]
-        KvlistValue(super::KeyValueList),
-        #[prost(bytes = "vec", tag = "7")]
-        BytesValue(Vec<u8>),
-    }
-}
-
-/// `opentelemetry.proto.common.v1.ArrayValue`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ArrayValue {
-    #[prost(message, repeated, tag = "1")]
-    pub values: Vec<AnyValue>,
-}
-
-/// `opentelemetry.proto.common.v1.KeyValueList`.
-#[derive(Clone, PartialEq, Message)]
-pub struct KeyValueList {
-    #[prost(message, repeated, tag = "1")]
-    pub values: Vec<KeyValue>,
-}
+pub use otel_thread_ctx_otlp::{any_value, AnyValue, KeyValue, ProcessContext};
 
 /// The 32-byte header at the start of the mapping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -399,6 +332,7 @@ pub fn any_to_json(v: &AnyValue) -> Value {
 mod tests {
     use super::*;
     use crate::memory::fake::FakeMemory;
+    use otel_thread_ctx_otlp::{ArrayValue, Resource};
 
     fn s(v: &str) -> AnyValue {
         AnyValue {
