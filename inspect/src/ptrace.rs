@@ -12,7 +12,10 @@
 //!
 //! A thread that is exiting makes ptrace fail with `ESRCH` or `EPERM`; such
 //! failures are [`StopError::Gone`], not a permission error, whenever
-//! `/proc` shows the thread missing, a zombie, dead, or exiting.
+//! `/proc` shows the thread missing, a zombie, dead, exiting or killed.
+//! Only `SIGKILL` takes a thread out of a stop this module holds, so a held
+//! thread that leaves it was killed: it is gone from then on, however
+//! `/proc` still shows it.
 
 use std::time::{Duration, Instant};
 
@@ -51,7 +54,16 @@ pub struct Tracer {
     timeout: Duration,
     /// Threads seized and interrupted whose stop we have not seen yet, and
     /// threads killed while held that are still ours to reap.
-    pending: Vec<i32>,
+    pending: Vec<(i32, Pending)>,
+}
+
+/// Why a thread is still ours although no guard holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    /// Interrupted, but its stop has not been seen yet.
+    Stopping,
+    /// Killed while held: it will exit without stopping again.
+    Killed,
 }
 
 /// Durations of one stop.
@@ -204,13 +216,20 @@ impl Tracer {
     /// Stops `tid`. The returned guard detaches it when dropped.
     pub fn stop(&mut self, tid: i32) -> Result<Stopped<'_>, StopError> {
         self.settle_pending();
-        if self.pending.contains(&tid) {
-            if thread::exited(self.pid, tid) {
-                return Err(StopError::Gone);
+        match self.pending.iter().find(|p| p.0 == tid).map(|p| p.1) {
+            // Not reaped yet because it has not been scheduled since the
+            // kill, or because it is the main thread, whose exit is
+            // reported only after the other threads'.
+            Some(Pending::Killed) => return Err(StopError::Gone),
+            Some(Pending::Stopping) if thread::exited(self.pid, tid) => {
+                return Err(StopError::Gone)
             }
-            return Err(StopError::Other(
-                "thread still has not reached an earlier stop".into(),
-            ));
+            Some(Pending::Stopping) => {
+                return Err(StopError::Other(
+                    "thread still has not reached an earlier stop".into(),
+                ))
+            }
+            None => {}
         }
         if ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
             return Err(match errno() {
@@ -231,7 +250,7 @@ impl Tracer {
             }
             // Still seized: keep it on the list so it is released if it
             // ever stops (and by the kernel when we exit otherwise).
-            self.pending.push(tid);
+            self.pending.push((tid, Pending::Stopping));
             return Err(StopError::Other(format!("PTRACE_INTERRUPT: errno {e}")));
         }
         let deadline = interrupted_at + self.timeout;
@@ -246,7 +265,7 @@ impl Tracer {
             }),
             Some(Waited::Gone) => Err(StopError::Gone),
             None => {
-                self.pending.push(tid);
+                self.pending.push((tid, Pending::Stopping));
                 Err(StopError::Timeout(self.timeout))
             }
         }
@@ -254,16 +273,16 @@ impl Tracer {
 
     /// Detaches threads that reached their stop after a timeout.
     pub fn settle_pending(&mut self) {
-        self.pending.retain(
-            |&tid| match wait_stop(tid, Instant::now(), false).map(classify) {
+        self.pending.retain(|&(tid, _)| {
+            match wait_stop(tid, Instant::now(), false).map(classify) {
                 Some(Waited::Stopped(deliver)) => {
                     ptrace(libc::PTRACE_DETACH, tid, 0, deliver as usize);
                     false
                 }
                 Some(Waited::Gone) => false,
                 None => true,
-            },
-        );
+            }
+        });
     }
 }
 
@@ -323,6 +342,22 @@ impl Stopped<'_> {
         Ok(tpidr)
     }
 
+    /// Whether the thread is still in the stop this guard holds. It leaves
+    /// it only when killed (`SIGKILL` wakes a stopped tracee), so `false`
+    /// means the thread is exiting even if `/proc` does not show it yet.
+    pub fn still_held(&self) -> bool {
+        let mut message: libc::c_ulong = 0;
+        // Any request that needs the tracee stopped would do; this one has
+        // no effect and exists on every architecture.
+        ptrace(
+            libc::PTRACE_GETEVENTMSG,
+            self.tid,
+            0,
+            &mut message as *mut libc::c_ulong as usize,
+        ) == 0
+            || errno() != libc::ESRCH
+    }
+
     /// Detaches now and reports how long the stop lasted.
     pub fn release(mut self) -> StopTimes {
         self.detach();
@@ -342,7 +377,7 @@ impl Stopped<'_> {
                 // Killed meanwhile (e.g. the process is exiting): there is
                 // nothing left to release, but the dead thread is still our
                 // tracee and must be reaped before the process can be.
-                self.tracer.pending.push(self.tid);
+                self.tracer.pending.push((self.tid, Pending::Killed));
             }
         }
     }

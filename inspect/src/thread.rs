@@ -99,10 +99,15 @@ pub fn read(
         record::read(mem, ptr, with_attrs).map(Outcome::Record)
     })()
     .unwrap_or_else(Outcome::Error);
+    let failed = matches!(out.outcome, Outcome::Error(_));
+    // Nothing but SIGKILL takes a thread out of a stop this reader holds: a
+    // thread no longer in it was killed (the process is exiting or was
+    // killed), even while /proc still shows it running, as it does until
+    // the thread is next scheduled and enters exit.
+    let killed = failed && !stopped.still_held();
     out.times = Some(stopped.release());
-    if matches!(out.outcome, Outcome::Error(_)) && exited(pid, tid) {
-        // Killed while held (e.g. the process called exit): the failed
-        // read says nothing about the thread's context.
+    if killed || (failed && exited(pid, tid)) {
+        // The failed read says nothing about the thread's context.
         out.outcome = Outcome::Gone;
         out.times = None;
     }
@@ -126,9 +131,10 @@ pub fn list(pid: i32) -> Vec<i32> {
 const PF_EXITING: u64 = 0x4;
 
 /// Whether thread `tid` of process `pid` is gone: no longer listed under
-/// `/proc/<pid>/task`, a zombie or dead (state `Z` or `X`), or already
-/// exiting. A ptrace request on such a thread fails with `ESRCH` or
-/// `EPERM`; this tells that apart from a real permission failure.
+/// `/proc/<pid>/task`, a zombie or dead (state `Z` or `X`), already
+/// exiting, or killed (`SIGKILL` pending). A ptrace request on such a
+/// thread fails with `ESRCH` or `EPERM`; this tells that apart from a real
+/// permission failure.
 pub fn exited(pid: i32, tid: i32) -> bool {
     let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
         return true;
@@ -143,10 +149,35 @@ pub fn exited(pid: i32, tid: i32) -> bool {
     if matches!(state, Some('Z' | 'X' | 'x')) {
         return true;
     }
-    fields
+    if fields
         .nth(5)
         .and_then(|f| f.parse::<u64>().ok())
         .is_some_and(|flags| flags & PF_EXITING != 0)
+    {
+        return true;
+    }
+    // A killed thread becomes PF_EXITING only once it is scheduled again,
+    // which on a busy machine can be long after the kill. Until then the
+    // SIGKILL is pending, for the thread or the whole process.
+    match fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) {
+        Ok(status) => sigkill_pending(&status),
+        Err(_) => true,
+    }
+}
+
+/// Whether `SIGKILL` is pending in a `/proc/<pid>/task/<tid>/status`:
+/// `SigPnd` (sent to the thread, or to every thread by a group exit) or
+/// `ShdPnd` (sent to the process). It cannot be blocked or caught: the
+/// thread will never run user code again.
+fn sigkill_pending(status: &str) -> bool {
+    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+    status.lines().any(|line| {
+        let mask = line
+            .strip_prefix("SigPnd:")
+            .or_else(|| line.strip_prefix("ShdPnd:"));
+        mask.and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|m| m & SIGKILL_BIT != 0)
+    })
 }
 
 /// Whether the whole process has exited: none of its threads is left
@@ -161,4 +192,51 @@ pub fn name(pid: i32, tid: i32) -> String {
     fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
         .map(|s| s.trim_end().to_string())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sigkill_pending;
+
+    const STATUS: &str = "Name:\thost\nState:\tR (running)\nTgid:\t10\n\
+        SigQ:\t1/63459\nSigPnd:\t{thread}\nShdPnd:\t{shared}\n\
+        SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n";
+
+    fn status(thread: &str, shared: &str) -> String {
+        STATUS
+            .replace("{thread}", thread)
+            .replace("{shared}", shared)
+    }
+
+    #[test]
+    fn sigkill_pending_for_the_thread_or_the_process() {
+        assert!(sigkill_pending(&status(
+            "0000000000000100",
+            "0000000000000000"
+        )));
+        assert!(sigkill_pending(&status(
+            "0000000000000000",
+            "0000000000000100"
+        )));
+        assert!(sigkill_pending(&status(
+            "0000000000004102",
+            "0000000000000000"
+        )));
+    }
+
+    #[test]
+    fn other_pending_signals_are_not_a_kill() {
+        assert!(!sigkill_pending(&status(
+            "0000000000000000",
+            "0000000000000000"
+        )));
+        // SIGTERM (15) for the thread, SIGSTOP (19) for the process; other
+        // masks such as SigBlk are not pending signals.
+        assert!(!sigkill_pending(&status(
+            "0000000000004000",
+            "0000000000040000"
+        )));
+        assert!(!sigkill_pending("SigBlk:\t0000000000000100\n"));
+        assert!(!sigkill_pending(""));
+    }
 }
