@@ -4,6 +4,7 @@
 //!
 //! This file holds the napi surface only; each concept has its own module.
 
+mod anonymous_memory;
 mod args;
 mod idle;
 mod record;

@@ -208,23 +208,7 @@ impl Mapping {
         let len = if page > 0 { page as usize } else { 4096 };
         let (addr, backing) = match Self::map_memfd(len) {
             Some(addr) => (addr, Backing::Memfd),
-            None => {
-                // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-                let addr = unsafe {
-                    libc::mmap(
-                        std::ptr::null_mut(),
-                        len,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                        -1,
-                        0,
-                    )
-                };
-                if addr == libc::MAP_FAILED {
-                    return Err(io::Error::last_os_error());
-                }
-                (addr, Backing::Anonymous)
-            }
+            None => (crate::anonymous_memory::map(len)?, Backing::Anonymous),
         };
         // SAFETY: `addr..addr+len` is the mapping made above.
         if unsafe { libc::madvise(addr, len, libc::MADV_DONTFORK) } != 0 {

@@ -97,20 +97,7 @@ impl Registry {
 
     fn grow(&mut self) -> io::Result<()> {
         let len = SLOTS_PER_CHUNK * RECORD_SIZE;
-        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let addr = crate::anonymous_memory::map(len)?;
         // A fork() child gets these pages zero-filled (every record invalid)
         // instead of sharing them copy-on-write. That keeps fork (e.g. from
         // execSync) from write-protecting the parent's records, which would
