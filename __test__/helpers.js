@@ -4,6 +4,7 @@
 const fs = require('node:fs');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
+const readline = require('node:readline');
 const { context, trace, TraceFlags } = require('@opentelemetry/api');
 
 const ROOT = path.resolve(__dirname, '..');
@@ -50,30 +51,52 @@ function spanContextFor(label, flags = TraceFlags.SAMPLED) {
 }
 
 /**
- * Spawns `node -e script` (with the Node running the tests) and resolves once
- * the child printed `count` JSON lines, returning the child and the lines.
+ * Reads `stream` as JSON lines (one value per line, through node:readline).
+ * `next(what)` resolves with the next line not yet taken, in order; it
+ * rejects if the stream ends first, or after `timeoutMs` when one is given.
  */
-function spawnNode(script, { count = 1, args = [], env = {} } = {}) {
+function jsonLines(stream, { timeoutMs } = {}) {
+  const queue = [];
+  const waiters = [];
+  let ended = false;
+  readline
+    .createInterface({ input: stream, crlfDelay: Infinity })
+    .on('line', (text) => {
+      const value = JSON.parse(text);
+      if (waiters.length) waiters.shift().resolve(value);
+      else queue.push(value);
+    })
+    .on('close', () => {
+      ended = true;
+      for (const waiter of waiters.splice(0)) waiter.reject(new Error(`output ended before ${waiter.what}`));
+    });
+  const next = (what = 'the expected line') => {
+    if (queue.length) return Promise.resolve(queue.shift());
+    if (ended) return Promise.reject(new Error(`output ended before ${what}`));
+    return new Promise((resolve, reject) => {
+      const timer = timeoutMs && setTimeout(() => reject(new Error(`no ${what} within ${timeoutMs} ms`)), timeoutMs);
+      const settle = (fn) => (value) => (clearTimeout(timer), fn(value));
+      waiters.push({ what, resolve: settle(resolve), reject: settle(reject) });
+    });
+  };
+  return { next };
+}
+
+/**
+ * Spawns `node -e script` (with the Node running the tests) and resolves once
+ * the child printed `count` JSON lines, with the child, those lines, and
+ * `next()` for the lines that follow.
+ */
+async function spawnNode(script, { count = 1, args = [], env = {} } = {}) {
   const child = spawn(process.execPath, [...args, '-e', script], {
     cwd: ROOT,
     env: { ...process.env, ...env },
     stdio: ['pipe', 'pipe', 'inherit'],
   });
+  const { next } = jsonLines(child.stdout);
   const lines = [];
-  let pending = '';
-  const ready = new Promise((resolve, reject) => {
-    child.on('exit', (code, signal) => reject(new Error(`child exited early: ${code ?? signal}; got ${JSON.stringify(lines)}`)));
-    child.stdout.on('data', (chunk) => {
-      pending += chunk;
-      let i;
-      while ((i = pending.indexOf('\n')) >= 0) {
-        lines.push(JSON.parse(pending.slice(0, i)));
-        pending = pending.slice(i + 1);
-        if (lines.length === count) resolve({ child, lines });
-      }
-    });
-  });
-  return ready;
+  while (lines.length < count) lines.push(await next(`line ${lines.length + 1} of the child (exit ${child.exitCode ?? child.signalCode})`));
+  return { child, lines, next };
 }
 
 /** Resolves when `child` exits; kills it if it has not after `ms`. */
@@ -89,7 +112,7 @@ function exited(child, ms = 10000) {
   });
 }
 
-module.exports = { ROOT, readRecord, readOwnRecord, decodeHeader, spanContextFor, spawnNode, exited };
+module.exports = { ROOT, readRecord, readOwnRecord, decodeHeader, spanContextFor, jsonLines, spawnNode, exited };
 
 /** Parses attrs_data bytes into [{ keyIndex, value (Buffer) }]. */
 function parseAttrsData(bytes) {

@@ -11,6 +11,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync, execFileSync } = require('node:child_process');
+const { jsonLines } = require('./helpers');
 
 const ROOT = path.resolve(__dirname, '..');
 const TARGET_DIR = process.env.CARGO_TARGET_DIR ? path.resolve(ROOT, process.env.CARGO_TARGET_DIR) : path.join(ROOT, 'target');
@@ -76,25 +77,7 @@ function startChild(t) {
     child.kill('SIGKILL');
     fs.rmSync(path.dirname(file), { recursive: true, force: true });
   });
-  const queue = [];
-  const waiters = [];
-  let pending = '';
-  child.stdout.on('data', (chunk) => {
-    pending += chunk;
-    let i;
-    while ((i = pending.indexOf('\n')) >= 0) {
-      const line = JSON.parse(pending.slice(0, i));
-      pending = pending.slice(i + 1);
-      if (waiters.length) waiters.shift()(line);
-      else queue.push(line);
-    }
-  });
-  const next = (what) =>
-    new Promise((resolve, reject) => {
-      if (queue.length) return resolve(queue.shift());
-      const timer = setTimeout(() => reject(new Error(`child never printed ${what}`)), 20000);
-      waiters.push((line) => (clearTimeout(timer), resolve(line)));
-    });
+  const { next } = jsonLines(child.stdout, { timeoutMs: 20000 });
   return { child, next };
 }
 

@@ -25,7 +25,7 @@ async function waitForState(pid, tid, state, ms = 5000) {
 }
 
 test('main thread and two workers, each blocked inside its own span, read from outside', async (t) => {
-  const { child, lines } = await spawnNode(`require(${JSON.stringify(FIXTURE)})`, { count: 1 });
+  const { child, lines, next } = await spawnNode(`require(${JSON.stringify(FIXTURE)})`, { count: 1 });
   t.after(() => child.kill('SIGKILL'));
   const [{ phase, threads }] = lines;
   assert.strictEqual(phase, 'parked');
@@ -43,12 +43,8 @@ test('main thread and two workers, each blocked inside its own span, read from o
   }
 
   // Release them: every thread then awaits inside a new span and idles.
-  const idleLine = new Promise((resolve) => {
-    const before = lines.length;
-    const timer = setInterval(() => lines.length > before && (clearInterval(timer), resolve(lines.at(-1))), 5);
-  });
   child.stdin.write('\n');
-  const idle = await idleLine;
+  const idle = await next('the idle line');
   assert.strictEqual(idle.phase, 'idle');
   assert.strictEqual(idle.threads.length, 3);
   // Past the fixture's 100 ms delay every thread has run its continuation

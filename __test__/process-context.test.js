@@ -9,39 +9,18 @@ const fs = require('node:fs');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
 const { findMappings, vmFlags, MemoryReader, decodePayload } = require('./fixtures/otel-ctx-reader');
+const { jsonLines } = require('./helpers');
 
 const ROOT = path.resolve(__dirname, '..');
 const PAGE_SIZE = 4096;
 
 /**
- * Spawns `node <args>` with the Node running the tests. `lines()` resolves
+ * Spawns `node <args>` with the Node running the tests. `next()` resolves
  * with the next JSON line the child prints.
  */
 function spawnNode(args) {
   const child = spawn(process.execPath, args, { cwd: ROOT, stdio: ['pipe', 'pipe', 'inherit'] });
-  const queue = [];
-  const waiters = [];
-  let pending = '';
-  let exit = null;
-  child.stdout.setEncoding('utf8');
-  child.stdout.on('data', (chunk) => {
-    pending += chunk;
-    for (let i; (i = pending.indexOf('\n')) >= 0; pending = pending.slice(i + 1)) {
-      const line = JSON.parse(pending.slice(0, i));
-      if (waiters.length) waiters.shift().resolve(line);
-      else queue.push(line);
-    }
-  });
-  child.on('exit', (code, signal) => {
-    exit = `child exited (${code ?? signal}) before printing the expected line`;
-    for (const waiter of waiters.splice(0)) waiter.reject(new Error(exit));
-  });
-  const next = () =>
-    queue.length
-      ? Promise.resolve(queue.shift())
-      : exit
-        ? Promise.reject(new Error(exit))
-        : new Promise((resolve, reject) => waiters.push({ resolve, reject }));
+  const { next } = jsonLines(child.stdout);
   // Resolves when the child exited; closes its stdin (children exit on
   // end of input) and kills it if it is still there after 5 s.
   const exited = () => {
