@@ -154,4 +154,4 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
   }
 }
 
-module.exports = { ProfilingContextManager, entryForContext };
+module.exports = { ProfilingContextManager };

@@ -169,4 +169,4 @@ function clear() {
   bytes[OFFSET_VALID] = 0;
 }
 
-module.exports = { NO_SPAN, entryFromIds, withAttributes, publish, publishIds, clear, bytes };
+module.exports = { NO_SPAN, entryFromIds, withAttributes, publish, publishIds, clear };
