@@ -105,8 +105,8 @@ pub enum ProcessContextInfo {
 pub struct ThreadInfo {
     pub tid: i32,
     pub name: String,
-    /// `valid`, `invalid` (record present, valid != 1), `no-record`,
-    /// `error` or `exited`.
+    /// `valid`, `invalid` (record present, but valid != 1 or an id is all
+    /// zero), `no-record`, `error` or `exited`.
     pub status: &'static str,
     /// Why there is no record, or what went wrong.
     pub reason: Option<String>,
@@ -135,7 +135,7 @@ pub struct RecordInfo {
     pub address: String,
     /// The raw valid byte (1 = valid).
     pub valid: u8,
-    /// Lowercase hex; null unless the record is valid.
+    /// Lowercase hex; null unless the valid byte is 1.
     pub trace_id: Option<String>,
     pub span_id: Option<String>,
     pub trace_flags: Option<u8>,
@@ -158,8 +158,25 @@ fn hex_addr(a: u64) -> String {
     format!("{a:#x}")
 }
 
+/// How many times a process that executes a new program while it is read
+/// is read again from the start.
+const ATTEMPTS: usize = 3;
+
 /// Builds the report. `Err` is a usage/permission failure (exit 2).
 pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
+    for _ in 0..ATTEMPTS {
+        if let Some(report) = attempt(pid, stop_timeout)? {
+            return Ok(report);
+        }
+    }
+    Err(Fatal(format!(
+        "process {pid} executed a new program every time it was read ({ATTEMPTS} times)"
+    )))
+}
+
+/// One reading of the process; `None` when it executed a new program
+/// meanwhile, which makes everything found before stale.
+fn attempt(pid: i32, stop_timeout: Duration) -> Result<Option<Report>, Fatal> {
     let target = Target::open(pid)?;
     let mut problems = Vec::new();
     let mut warnings = Vec::new();
@@ -227,14 +244,14 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
                 record: None,
             })
             .collect();
-        return Ok(finish(
+        return Ok(Some(finish(
             pid,
             problems,
             warnings,
             None,
             process_context,
             threads,
-        ));
+        )));
     };
 
     let def = &module.definition;
@@ -313,14 +330,14 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
         Ok(r) => r,
         Err(e) => {
             problems.push(format!("cannot resolve otel_thread_ctx_v1 per thread: {e}"));
-            return Ok(finish(
+            return Ok(Some(finish(
                 pid,
                 problems,
                 warnings,
                 Some(symbol),
                 process_context,
                 Vec::new(),
-            ));
+            )));
         }
     };
 
@@ -350,7 +367,10 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
             pointer: read.pointer.map(hex_addr),
         });
         let (status, reason, record) = match read.outcome {
-            Outcome::Gone => ("exited", Some("the thread has exited".to_string()), None),
+            Outcome::AddressSpaceGone if !thread::process_exited(pid) => return Ok(None),
+            Outcome::Gone | Outcome::AddressSpaceGone => {
+                ("exited", Some("the thread has exited".to_string()), None)
+            }
             Outcome::NoRecord(why) => ("no-record", Some(why), None),
             Outcome::Error(e) => {
                 problems.push(format!("thread {tid}: {e}"));
@@ -360,20 +380,13 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
                 let h = rec.header;
                 let valid = h.is_valid();
                 let mut attributes = Vec::new();
+                let zero_ids = if valid { h.zero_ids() } else { None };
+                if let Some(zero) = zero_ids {
+                    problems.push(format!(
+                        "thread {tid}: {zero}, which W3C Trace Context makes invalid"
+                    ));
+                }
                 if valid {
-                    let zero_trace = h.trace_id.iter().all(|&b| b == 0);
-                    let zero_span = h.span_id.iter().all(|&b| b == 0);
-                    if zero_trace != zero_span {
-                        problems.push(format!(
-                            "thread {tid}: valid record sets only one of trace_id/span_id"
-                        ));
-                    }
-                    if zero_trace && zero_span && h.trace_flags != 0 {
-                        warnings.push(format!(
-                            "thread {tid}: trace_flags {:#04x} without ids",
-                            h.trace_flags
-                        ));
-                    }
                     let decoded = decode_attributes(&rec.attrs_data);
                     if decoded.trailing_bytes > 0 {
                         warnings.push(format!(
@@ -405,8 +418,12 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
                     attrs_data_size: h.attrs_data_size,
                     attributes,
                 };
-                let reason = (!valid).then(|| format!("valid byte is {}", h.valid));
-                (if valid { "valid" } else { "invalid" }, reason, Some(info))
+                let (status, reason) = match zero_ids {
+                    _ if !valid => ("invalid", Some(format!("valid byte is {}", h.valid))),
+                    Some(zero) => ("invalid", Some(zero.to_string())),
+                    None => ("valid", None),
+                };
+                (status, reason, Some(info))
             }
         };
         threads.push(ThreadInfo {
@@ -426,14 +443,14 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
             "no thread could be read".into()
         });
     }
-    Ok(finish(
+    Ok(Some(finish(
         pid,
         problems,
         warnings,
         Some(symbol),
         process_context,
         threads,
-    ))
+    )))
 }
 
 fn finish(

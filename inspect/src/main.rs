@@ -105,7 +105,7 @@ fn main() -> ExitCode {
             stop_timeout_ms,
         } => match inspect::run(pid, Duration::from_millis(stop_timeout_ms)) {
             Err(target::Fatal(e)) => {
-                eprintln!("otel-thread-ctx: {e}");
+                eprintln!("otel-thread-ctx: {}", output::escape(&e));
                 // Interrupted runs exit like the signal's default action would.
                 ExitCode::from(signals::requested().map_or(2, |sig| 128u8.wrapping_add(sig as u8)))
             }
@@ -146,12 +146,13 @@ fn main() -> ExitCode {
             drop(stdout);
             match result {
                 Err(target::Fatal(e)) => {
-                    eprintln!("otel-thread-ctx: {e}");
+                    eprintln!("otel-thread-ctx: {}", output::escape(&e));
                     ExitCode::from(2)
                 }
                 Ok(Err(reason)) => {
                     eprintln!(
-                        "otel-thread-ctx: pid {pid} publishes no readable thread context: {reason}"
+                        "otel-thread-ctx: pid {pid} publishes no readable thread context: {}",
+                        output::escape(&reason)
                     );
                     ExitCode::from(1)
                 }
@@ -165,6 +166,9 @@ fn main() -> ExitCode {
                         eprint!("{text}");
                     } else {
                         emit(&text);
+                    }
+                    for e in &summary.execs {
+                        eprintln!("otel-thread-ctx: pid {pid} {}", output::exec_line(e));
                     }
                     if summary.target_exited {
                         eprintln!(

@@ -1,9 +1,12 @@
-//! Reading the target's memory without stopping it (`process_vm_readv`).
+//! Reading the target's memory without stopping it (`/proc/<pid>/task/<tid>/mem`).
 //!
 //! Every read is bounded by the caller's buffer and fails as a whole when any
 //! byte is unmapped, so garbage pointers become errors, never crashes.
 
 use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
 
 /// A source of another address space's bytes.
 pub trait Memory {
@@ -15,6 +18,12 @@ pub trait Memory {
         let mut b = [0u8; 8];
         self.read(addr, &mut b)?;
         Ok(u64::from_ne_bytes(b))
+    }
+
+    /// Whether the address space behind this memory is gone for good (the
+    /// process executed a new program or exited): no read will succeed again.
+    fn ended(&self) -> bool {
+        false
     }
 }
 
@@ -38,18 +47,54 @@ impl fmt::Display for MemoryError {
 
 impl std::error::Error for MemoryError {}
 
-/// The memory of a live process, read with `process_vm_readv`.
-#[derive(Clone, Copy, Debug)]
+/// The memory of one address space of a live process, read through
+/// `/proc/<pid>/task/<tid>/mem`. The open file is bound to the address space
+/// the process had when it was opened, not to the process: once the process
+/// executes a new program (or exits), every read fails as
+/// [`Memory::ended`] instead of returning the new program's bytes at the old
+/// addresses. Any live thread's file reads the same memory, and keeps working
+/// after the main thread exits.
+#[derive(Debug)]
 pub struct ProcessMemory {
-    pid: i32,
+    file: File,
+}
+
+/// Why the memory of a process could not be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The thread (or the whole process) no longer exists.
+    Gone,
+    /// The reader may not read this process's memory.
+    PermissionDenied(io::Error),
+    Other(io::Error),
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::Gone => f.write_str("the thread no longer exists"),
+            OpenError::PermissionDenied(e) | OpenError::Other(e) => write!(f, "{e}"),
+        }
+    }
 }
 
 impl ProcessMemory {
-    /// Reads the address space of `pid` (any thread id of it works too).
-    pub fn new(pid: i32) -> Self {
-        ProcessMemory { pid }
+    /// Opens the memory of thread `tid` of process `pid` (the address space
+    /// every thread of the process shares).
+    pub fn open(pid: i32, tid: i32) -> Result<Self, OpenError> {
+        File::open(format!("/proc/{pid}/task/{tid}/mem"))
+            .map(|file| ProcessMemory { file })
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => OpenError::Gone,
+                io::ErrorKind::PermissionDenied => OpenError::PermissionDenied(e),
+                _ if e.raw_os_error() == Some(libc::ESRCH) => OpenError::Gone,
+                _ => OpenError::Other(e),
+            })
     }
 }
+
+/// Reason of a read from an address space that no longer exists.
+const ENDED: &str = "the address space is gone (the process executed a new program or exited)";
 
 impl Memory for ProcessMemory {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
@@ -61,24 +106,21 @@ impl Memory for ProcessMemory {
         if addr == 0 || addr.checked_add(buf.len() as u64).is_none() {
             return Err(fail("address out of range".into()));
         }
-        let local = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        let remote = libc::iovec {
-            iov_base: addr as *mut libc::c_void,
-            iov_len: buf.len(),
-        };
-        // SAFETY: `local` describes `buf`, which we borrow mutably for the
-        // call; `remote` is only dereferenced by the kernel, in the target.
-        let n = unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) };
-        if n < 0 {
-            return Err(fail(std::io::Error::last_os_error().to_string()));
+        // The kernel returns the bytes up to the first unreadable page, an
+        // error when none is readable, and nothing at all once the address
+        // space is gone.
+        match self.file.read_at(buf, addr) {
+            Ok(n) if n == len => Ok(()),
+            Ok(0) => Err(fail(ENDED.into())),
+            Ok(n) => Err(fail(format!("only {n} bytes readable"))),
+            Err(e) => Err(fail(e.to_string())),
         }
-        if n as usize != buf.len() {
-            return Err(fail(format!("only {n} bytes readable")));
-        }
-        Ok(())
+    }
+
+    fn ended(&self) -> bool {
+        // Reading the first byte of an address space that exists fails
+        // (nothing is mapped there) or succeeds; only a gone one reads nothing.
+        matches!(self.file.read_at(&mut [0u8], 0), Ok(0))
     }
 }
 

@@ -1,17 +1,66 @@
 //! Human-readable renderings of the inspect report and the sample summary.
 //! (`--json` prints the serde form of the same structures instead.)
+//!
+//! Much of what is printed comes from the target (thread names, attribute
+//! values, resource strings, file names): every such string goes through
+//! [`escape`], so a target cannot move the cursor, retitle the window or
+//! clear the screen of whoever reads the report, nor forge report lines.
 
+use std::borrow::Cow;
 use std::fmt::Write;
 
 use serde_json::Value;
 
 use crate::inspect::{ProcessContextInfo, Report};
-use crate::sample::Summary;
+use crate::sample::{Exec, Summary};
+
+/// Whether a terminal could act on `c` rather than print it: C0 controls
+/// (including ESC and newline), DEL, C1 controls, and the bidirectional
+/// overrides that reorder how the rest of a line is shown.
+fn is_control(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `s` with every character a terminal could act on written as an escape
+/// (`\x1b`, `\u{9b}`), and backslashes doubled so escapes stay unambiguous.
+pub fn escape(s: &str) -> Cow<'_, str> {
+    escape_in(s, true)
+}
+
+/// Like [`escape`], but leaves backslashes alone: for JSON text, whose own
+/// escapes must stay readable (JSON escapes C0 controls, not DEL or C1).
+fn escape_json_text(s: &str) -> Cow<'_, str> {
+    escape_in(s, false)
+}
+
+fn escape_in(s: &str, backslashes: bool) -> Cow<'_, str> {
+    if !s
+        .chars()
+        .any(|c| (backslashes && c == '\\') || is_control(c))
+    {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' if backslashes => out.push_str("\\\\"),
+            c if is_control(c) && (c as u32) < 0x80 => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if is_control(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
 
 fn value_text(v: &Value) -> String {
     match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        Value::String(s) => escape(s).into_owned(),
+        other => escape_json_text(&other.to_string()).into_owned(),
     }
 }
 
@@ -35,7 +84,7 @@ pub fn inspect(r: &Report) -> String {
             let _ = writeln!(
                 o,
                 "symbol:     otel_thread_ctx_v1 in {}{} (st_value {:#x}, size {}, load bias {})",
-                s.module,
+                escape(&s.module),
                 if s.executable { " [executable]" } else { "" },
                 s.st_value,
                 s.st_size,
@@ -58,10 +107,10 @@ pub fn inspect(r: &Report) -> String {
             );
             match (&s.resolution, &s.resolution_error) {
                 (Some(res), _) => {
-                    let _ = writeln!(o, "resolved:   {}: {}", res.path, res.evidence);
+                    let _ = writeln!(o, "resolved:   {}: {}", res.path, escape(&res.evidence));
                 }
                 (None, Some(e)) => {
-                    let _ = writeln!(o, "resolved:   FAILED: {e}");
+                    let _ = writeln!(o, "resolved:   FAILED: {}", escape(e));
                 }
                 _ => {}
             }
@@ -78,7 +127,9 @@ pub fn inspect(r: &Report) -> String {
         } => {
             let _ = writeln!(
                 o,
-                "process context: {mapping} at {address}: INVALID: {error}"
+                "process context: {} at {address}: INVALID: {}",
+                escape(mapping),
+                escape(error)
             );
         }
         ProcessContextInfo::Ok {
@@ -94,11 +145,12 @@ pub fn inspect(r: &Report) -> String {
         } => {
             let _ = writeln!(
                 o,
-                "process context: {mapping} at {address}, version {version}, published_at_ns {published_at_ns}, payload {payload_size} B"
+                "process context: {} at {address}, version {version}, published_at_ns {published_at_ns}, payload {payload_size} B",
+                escape(mapping)
             );
             let res: Vec<String> = resource
                 .iter()
-                .map(|(k, v)| format!("{k}={}", value_text(v)))
+                .map(|(k, v)| format!("{}={}", escape(k), value_text(v)))
                 .collect();
             let _ = writeln!(
                 o,
@@ -112,14 +164,17 @@ pub fn inspect(r: &Report) -> String {
             let _ = writeln!(
                 o,
                 "  threadlocal.schema_version:    {}",
-                schema_version.as_deref().unwrap_or("(missing)")
+                schema_version.as_deref().map_or("(missing)".into(), escape)
             );
             let _ = writeln!(
                 o,
                 "  threadlocal.attribute_key_map: {}",
                 attribute_key_map
                     .as_ref()
-                    .map_or("(missing)".to_string(), |m| format!("[{}]", m.join(", ")))
+                    .map_or("(missing)".to_string(), |m| {
+                        let keys: Vec<_> = m.iter().map(|k| escape(k)).collect();
+                        format!("[{}]", keys.join(", "))
+                    })
             );
         }
     }
@@ -139,19 +194,26 @@ pub fn inspect(r: &Report) -> String {
                     .map(|a| {
                         format!(
                             "{}={}",
-                            a.key.clone().unwrap_or_else(|| format!("#{}", a.key_index)),
-                            a.value
+                            a.key
+                                .as_deref()
+                                .map_or(format!("#{}", a.key_index), |k| escape(k).into_owned()),
+                            escape(&a.value)
                         )
                     })
                     .collect::<Vec<_>>()
                     .join(", "),
-                _ => t.reason.clone().unwrap_or_default(),
+                _ => t
+                    .reason
+                    .as_deref()
+                    .map(escape)
+                    .unwrap_or_default()
+                    .into_owned(),
             };
             let _ = writeln!(
                 o,
                 "{:<8} {:<16} {:<9} {:<32} {:<16} {:<5} {:<18} {}",
                 t.tid,
-                t.name,
+                escape(&t.name),
                 t.status,
                 rec.and_then(|r| r.trace_id.clone())
                     .unwrap_or_else(|| "-".into()),
@@ -168,16 +230,32 @@ pub fn inspect(r: &Report) -> String {
         }
     }
     for p in &r.problems {
-        let _ = writeln!(o, "problem: {p}");
+        let _ = writeln!(o, "problem: {}", escape(p));
     }
     for w in &r.warnings {
-        let _ = writeln!(o, "warning: {w}");
+        let _ = writeln!(o, "warning: {}", escape(w));
     }
     o
 }
 
 fn micros(ns: u64) -> String {
     format!("{:.1} µs", ns as f64 / 1000.0)
+}
+
+/// What became of the reads when the process executed a new program.
+pub fn exec_line(e: &Exec) -> String {
+    let what = format!(
+        "executed {} after {:.2} s",
+        escape(&e.executable),
+        e.elapsed_s
+    );
+    match (e.resolution_path, e.resumed_at_s) {
+        (Some(path), Some(at)) => format!("{what}: reads resumed after {at:.2} s via {path}"),
+        _ => format!(
+            "{what}: no thread read since, the new program publishes no readable thread context ({})",
+            escape(e.error.as_deref().unwrap_or("not looked at yet"))
+        ),
+    }
 }
 
 /// The sample summary as text: rates, stop times, per-thread span shares.
@@ -204,6 +282,9 @@ pub fn sample(s: &Summary) -> String {
     if s.target_exited {
         let _ = writeln!(o, "the target exited");
     }
+    for e in &s.execs {
+        let _ = writeln!(o, "{}", exec_line(e));
+    }
     let _ = writeln!(o);
     let _ = writeln!(
         o,
@@ -216,7 +297,7 @@ pub fn sample(s: &Summary) -> String {
             o,
             "{:<8} {:<16} {:>8} {:>7.1} {:>6}  {:<32} {:<16} {:>7}",
             t.tid,
-            t.name,
+            escape(&t.name),
             t.samples,
             t.idle_share * 100.0,
             t.errors,

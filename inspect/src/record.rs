@@ -30,9 +30,46 @@ impl Header {
         }
     }
 
-    /// True when the record must be used (valid byte is exactly 1).
+    /// True when the writer marked the record valid (valid byte is exactly 1).
     pub fn is_valid(&self) -> bool {
         self.valid == 1
+    }
+
+    /// Which ids are all zero. W3C Trace Context makes such an id invalid, so
+    /// a record marked valid that carries one names no span.
+    pub fn zero_ids(&self) -> Option<ZeroIds> {
+        let trace = self.trace_id.iter().all(|&b| b == 0);
+        let span = self.span_id.iter().all(|&b| b == 0);
+        match (trace, span) {
+            (true, true) => Some(ZeroIds::Both),
+            (true, false) => Some(ZeroIds::Trace),
+            (false, true) => Some(ZeroIds::Span),
+            (false, false) => None,
+        }
+    }
+
+    /// True when the record names a span: marked valid, with ids that are
+    /// not all zero.
+    pub fn names_a_span(&self) -> bool {
+        self.is_valid() && self.zero_ids().is_none()
+    }
+}
+
+/// The all-zero ids of a record marked valid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZeroIds {
+    Trace,
+    Span,
+    Both,
+}
+
+impl std::fmt::Display for ZeroIds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ZeroIds::Trace => "valid is 1 but trace_id is all zero",
+            ZeroIds::Span => "valid is 1 but span_id is all zero",
+            ZeroIds::Both => "valid is 1 but trace_id and span_id are all zero",
+        })
     }
 }
 
@@ -141,6 +178,24 @@ mod tests {
         assert_eq!(hex(&r.header.span_id), "1112131415161718");
         assert_eq!(r.header.trace_flags, 1);
         assert_eq!(r.attrs_data, attrs);
+    }
+
+    #[test]
+    fn all_zero_ids_name_no_span() {
+        let mut h = Header::parse(&record_bytes(1, &[], 0)[..HEADER_SIZE].try_into().unwrap());
+        assert!(h.names_a_span());
+        assert_eq!(h.zero_ids(), None);
+        let span = h.span_id;
+        h.trace_id = [0; 16];
+        assert_eq!(h.zero_ids(), Some(ZeroIds::Trace));
+        assert!(h.is_valid() && !h.names_a_span());
+        h.span_id = [0; 8];
+        assert_eq!(h.zero_ids(), Some(ZeroIds::Both));
+        h.trace_id = [0xff; 16];
+        assert_eq!(h.zero_ids(), Some(ZeroIds::Span));
+        h.span_id = span;
+        h.valid = 2;
+        assert!(!h.names_a_span());
     }
 
     #[test]

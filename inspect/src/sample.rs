@@ -12,7 +12,7 @@ use crate::record;
 use crate::signals;
 use crate::target::{Fatal, Target};
 use crate::thread::{self, Outcome};
-use crate::tls;
+use crate::tls::{self, Resolution};
 
 /// Layout version of the JSON summary.
 pub const SCHEMA: &str = "otel-thread-ctx.sample/v1";
@@ -38,6 +38,9 @@ pub struct RawSample<'a> {
     /// Present only when the read failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<&'a str>,
+    /// Present only when a record marked valid names no span (all-zero ids).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<&'a str>,
 }
 
 /// The summary (`--json` prints exactly this).
@@ -45,7 +48,8 @@ pub struct RawSample<'a> {
 pub struct Summary {
     pub schema: &'static str,
     pub pid: i32,
-    /// Resolution path used for every read (see the inspect report).
+    /// Resolution path of the reads (see the inspect report); after an exec,
+    /// the new program's is in `execs`.
     pub resolution_path: &'static str,
     pub requested_hz: f64,
     pub requested_duration_s: f64,
@@ -64,7 +68,26 @@ pub struct Summary {
     /// The process exited before the requested duration was over; the
     /// summary covers the rounds read until then.
     pub target_exited: bool,
+    /// Every time the process executed a new program during the run.
+    pub execs: Vec<Exec>,
     pub threads: Vec<ThreadSummary>,
+}
+
+/// The process executed a new program: reads stopped, and resumed once (and
+/// if) its thread context was found.
+#[derive(Serialize, Debug)]
+pub struct Exec {
+    /// When the exec was noticed, in seconds since the start of the run.
+    pub elapsed_s: f64,
+    /// The program executed (`/proc/<pid>/exe`).
+    pub executable: String,
+    /// How the new program's records are found; null while none is found.
+    pub resolution_path: Option<&'static str>,
+    /// When reads resumed; null if they never did.
+    pub resumed_at_s: Option<f64>,
+    /// Why the new program's thread context was not (yet) found, at the
+    /// last look.
+    pub error: Option<String>,
 }
 
 /// How long threads were held, over all reads (nanoseconds).
@@ -84,9 +107,12 @@ pub struct ThreadSummary {
     pub tid: i32,
     pub name: String,
     pub samples: u64,
-    /// Samples with no record or an invalid one.
+    /// Samples with no record or an invalid one (including `zero_ids`).
     pub idle: u64,
     pub idle_share: f64,
+    /// Samples of a record marked valid whose trace or span id is all zero,
+    /// which names no span.
+    pub zero_ids: u64,
     pub errors: u64,
     /// Valid samples per span, most frequent first.
     pub spans: Vec<SpanShare>,
@@ -105,6 +131,7 @@ pub struct SpanShare {
 struct Tally {
     samples: u64,
     idle: u64,
+    zero_ids: u64,
     errors: u64,
     spans: HashMap<([u8; 16], [u8; 8]), u64>,
 }
@@ -133,26 +160,71 @@ fn sleep_until(t: Instant) {
     }
 }
 
+/// The thread context of the program the process runs, or why it has none.
+fn resolve(target: &Target) -> Result<Resolution, String> {
+    let Some(module) = &target.module else {
+        return Err("no module defines otel_thread_ctx_v1".into());
+    };
+    match target.resolution.clone() {
+        Some(Ok(r)) => Ok(r),
+        Some(Err(e)) => Err(format!(
+            "cannot resolve otel_thread_ctx_v1 in {}: {e}",
+            module.path
+        )),
+        None => Err("no module defines otel_thread_ctx_v1".into()),
+    }
+}
+
+/// The executable the process runs now (`/proc/<pid>/exe`).
+fn executable(pid: i32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// First wait before looking for the thread context of a program the
+/// process has just executed (it may still be loading), and the longest.
+const REDISCOVERY_FIRST: Duration = Duration::from_millis(5);
+const REDISCOVERY_MAX: Duration = Duration::from_millis(500);
+
+/// Moves `next` one period on; when the round overran, skips the ticks it
+/// missed instead of bursting. Returns how many were skipped.
+fn advance(next: &mut Instant, period: Duration) -> u64 {
+    *next += period;
+    let now = Instant::now();
+    if *next >= now {
+        return 0;
+    }
+    let behind = (now - *next).as_nanos() / period.as_nanos().max(1);
+    *next += period * behind as u32;
+    behind as u64
+}
+
 /// Runs the sampler. With `raw`, writes one JSON line per read to `raw`
 /// (flushed per line). Returns the summary, or `Ok(Err(reason))` when the
 /// process publishes no readable thread context (exit 1).
+///
+/// Every read goes through the memory of the address space the resolution
+/// was made in. When the process executes a new program, those reads fail
+/// as a whole (nothing of the new program is ever read at the old
+/// addresses); the reader then looks for the new program's thread context,
+/// reads no thread until it finds one, and resumes with it.
 pub fn run(
     opts: &Options,
     mut raw: Option<&mut dyn Write>,
 ) -> Result<Result<Summary, String>, Fatal> {
     let target = Target::open(opts.pid)?;
-    let Some(module) = &target.module else {
-        return Ok(Err("no module defines otel_thread_ctx_v1".into()));
-    };
-    let resolution = match target.resolution.clone().unwrap() {
+    let resolution = match resolve(&target) {
         Ok(r) => r,
-        Err(e) => {
-            return Ok(Err(format!(
-                "cannot resolve otel_thread_ctx_v1 in {}: {e}",
-                module.path
-            )))
-        }
+        Err(e) => return Ok(Err(e)),
     };
+    let first_path = resolution.path;
+    // What is read now; `None` after an exec until the new program's
+    // thread context is found.
+    let mut current = Some((target, resolution));
+    let mut execs: Vec<Exec> = Vec::new();
+    let mut rediscovery_wait = REDISCOVERY_FIRST;
+    let mut rediscover_at = Instant::now();
     let period = Duration::from_secs_f64(1.0 / opts.hz);
     let mut tracer = Tracer::new(opts.pid, opts.stop_timeout);
     let mut tallies: BTreeMap<i32, Tally> = BTreeMap::new();
@@ -168,6 +240,37 @@ pub fn run(
         if signals::requested().is_some() || Instant::now() >= end {
             break;
         }
+        if current.is_none() {
+            if thread::process_exited(opts.pid) {
+                target_exited = true;
+                break;
+            }
+            if Instant::now() >= rediscover_at {
+                let exec = execs.last_mut().expect("an exec started the search");
+                exec.executable = executable(opts.pid);
+                match Target::open(opts.pid)
+                    .map_err(|Fatal(e)| e)
+                    .and_then(|t| resolve(&t).map(|r| (t, r)))
+                {
+                    Ok((t, r)) => {
+                        exec.resolution_path = Some(r.path);
+                        exec.resumed_at_s = Some(start.elapsed().as_secs_f64());
+                        exec.error = None;
+                        current = Some((t, r));
+                    }
+                    Err(e) => {
+                        exec.error = Some(e);
+                        rediscover_at = Instant::now() + rediscovery_wait;
+                        rediscovery_wait = (rediscovery_wait * 2).min(REDISCOVERY_MAX);
+                    }
+                }
+            }
+            if current.is_none() {
+                advance(&mut next, period);
+                continue;
+            }
+        }
+        let (target, resolution) = current.as_ref().expect("checked above");
         let tids = thread::list(opts.pid);
         if tids.is_empty() {
             target_exited = true;
@@ -195,8 +298,29 @@ pub fn run(
                 }
                 Err(e) => return Err(Fatal(e)),
             };
-            if matches!(read.outcome, Outcome::Gone) {
-                continue;
+            match read.outcome {
+                Outcome::Gone => continue,
+                Outcome::AddressSpaceGone if thread::process_exited(opts.pid) => {
+                    target_exited = true;
+                    break 'run;
+                }
+                Outcome::AddressSpaceGone => {
+                    // A new program: the round so far stands, the rest of it
+                    // would read nothing.
+                    execs.push(Exec {
+                        elapsed_s: start.elapsed().as_secs_f64(),
+                        executable: executable(opts.pid),
+                        resolution_path: None,
+                        resumed_at_s: None,
+                        error: None,
+                    });
+                    current = None;
+                    rediscovery_wait = REDISCOVERY_FIRST;
+                    rediscover_at = Instant::now() + rediscovery_wait;
+                    advance(&mut next, period);
+                    continue 'run;
+                }
+                _ => {}
             }
             read_any = true;
             reads += 1;
@@ -214,9 +338,11 @@ pub fn run(
                 span_id: None,
                 trace_flags: None,
                 error: None,
+                problem: None,
             };
+            let zero_ids;
             match &read.outcome {
-                Outcome::Record(r) if r.header.is_valid() => {
+                Outcome::Record(r) if r.header.names_a_span() => {
                     *tally
                         .spans
                         .entry((r.header.trace_id, r.header.span_id))
@@ -226,12 +352,19 @@ pub fn run(
                     line.span_id = Some(record::hex(&r.header.span_id));
                     line.trace_flags = Some(r.header.trace_flags);
                 }
+                Outcome::Record(r) if r.header.is_valid() => {
+                    // Marked valid, but an all-zero id names no span.
+                    tally.idle += 1;
+                    tally.zero_ids += 1;
+                    zero_ids = r.header.zero_ids().map(|z| z.to_string());
+                    line.problem = zero_ids.as_deref();
+                }
                 Outcome::Record(_) | Outcome::NoRecord(_) => tally.idle += 1,
                 Outcome::Error(e) => {
                     tally.errors += 1;
                     line.error = Some(e);
                 }
-                Outcome::Gone => unreachable!(),
+                Outcome::Gone | Outcome::AddressSpaceGone => unreachable!(),
             }
             if let Some(w) = raw.as_mut() {
                 let ok = serde_json::to_writer(&mut **w, &line).is_ok()
@@ -249,14 +382,7 @@ pub fn run(
             break;
         }
         rounds += 1;
-        next += period;
-        let now = Instant::now();
-        if next < now {
-            // Overran: skip the ticks we missed instead of bursting.
-            let behind = (now - next).as_nanos() / period.as_nanos().max(1);
-            missed += behind as u64;
-            next += period * behind as u32;
-        }
+        missed += advance(&mut next, period);
     }
     let elapsed = start.elapsed().as_secs_f64();
     drop(tracer);
@@ -282,6 +408,7 @@ pub fn run(
                 samples: t.samples,
                 idle: t.idle,
                 idle_share: t.idle as f64 / t.samples as f64,
+                zero_ids: t.zero_ids,
                 errors: t.errors,
                 spans,
             }
@@ -290,7 +417,7 @@ pub fn run(
     Ok(Ok(Summary {
         schema: SCHEMA,
         pid: opts.pid,
-        resolution_path: resolution.path,
+        resolution_path: first_path,
         requested_hz: opts.hz,
         requested_duration_s: opts.duration.as_secs_f64(),
         elapsed_s: elapsed,
@@ -311,6 +438,7 @@ pub fn run(
         },
         interrupted_by_signal: signals::requested(),
         target_exited,
+        execs,
         threads,
     }))
 }

@@ -6,7 +6,7 @@ use std::io::ErrorKind;
 
 use crate::discovery::{self, DefiningModule, Discovery};
 use crate::maps::{self, Mapping};
-use crate::memory::ProcessMemory;
+use crate::memory::{Memory, OpenError, ProcessMemory};
 use crate::tls::{self, Resolution};
 
 /// A usage or permission failure: the command exits with status 2.
@@ -45,53 +45,76 @@ impl Target {
                 "{pid} is a thread of process {tgid}; pass the process id"
             )));
         }
-        let maps = maps::read(pid).map_err(|e| match e.kind() {
-            ErrorKind::NotFound => Fatal(format!("no such process: {pid}")),
-            ErrorKind::PermissionDenied => Fatal(format!(
-                "permission denied reading /proc/{pid}/maps (run as root or as the target's user)"
-            )),
-            _ => Fatal(format!("cannot read /proc/{pid}/maps: {e}")),
-        })?;
-        // A main thread that called pthread_exit is a zombie without an
-        // address space; any live thread of the process shows the same one.
-        let (live, maps) = if maps.is_empty() {
-            crate::thread::list(pid)
-                .into_iter()
-                .find_map(|tid| {
-                    maps::read(tid)
-                        .ok()
-                        .filter(|m| !m.is_empty())
-                        .map(|m| (tid, m))
-                })
-                .ok_or_else(|| {
-                    Fatal(format!(
-                        "process {pid} has no memory mappings (a zombie or kernel thread)"
-                    ))
-                })?
-        } else {
-            (pid, maps)
-        };
-        let memory = ProcessMemory::new(live);
-        let discovery = discovery::discover(live, &maps);
-        let module = discovery.modules.first().cloned();
-        let resolution = module
-            .as_ref()
-            .map(|m| tls::resolve(m, &memory, &tls::HOST));
-        if let (Some(Err(e)), Some(m)) = (&resolution, &module) {
-            // Distinguish "not allowed to read memory" (usage) from a bad target.
-            if e.contains("Operation not permitted") || e.contains("Permission denied") {
+        // The memory file is opened before the mappings are read and checked
+        // after everything is resolved: a process that executes a new program
+        // in between is looked at again, so the mappings, the modules and the
+        // resolution all belong to the address space the file reads.
+        for _ in 0..OPEN_ATTEMPTS {
+            let (live, memory) = open_memory(pid)?;
+            let maps = match maps::read(live) {
+                Ok(m) if !m.is_empty() => m,
+                _ => continue,
+            };
+            let discovery = discovery::discover(live, &maps);
+            let module = discovery.modules.first().cloned();
+            let resolution = module
+                .as_ref()
+                .map(|m| tls::resolve(m, &memory, &tls::HOST));
+            if memory.ended() {
+                continue;
+            }
+            return Ok(Target {
+                maps,
+                memory,
+                discovery,
+                module,
+                resolution,
+            });
+        }
+        if crate::thread::process_exited(pid) {
+            return Err(Fatal(format!("no such process: {pid} (it exited)")));
+        }
+        Err(Fatal(format!(
+            "process {pid} kept executing new programs while it was examined"
+        )))
+    }
+}
+
+/// How often [`Target::open`] looks again at a process that executed a new
+/// program (or lost its last thread) while it was examined.
+const OPEN_ATTEMPTS: usize = 5;
+
+/// Opens the memory of `pid` through a thread that still has it. A main
+/// thread that called pthread_exit is a zombie without an address space;
+/// any live thread of the process shows the same one.
+fn open_memory(pid: i32) -> Result<(i32, ProcessMemory), Fatal> {
+    let maps = maps::read(pid).map_err(|e| match e.kind() {
+        ErrorKind::NotFound => Fatal(format!("no such process: {pid}")),
+        ErrorKind::PermissionDenied => Fatal(format!(
+            "permission denied reading /proc/{pid}/maps (run as root or as the target's user)"
+        )),
+        _ => Fatal(format!("cannot read /proc/{pid}/maps: {e}")),
+    })?;
+    let candidates = if maps.is_empty() {
+        crate::thread::list(pid)
+    } else {
+        vec![pid]
+    };
+    for tid in candidates {
+        match ProcessMemory::open(pid, tid) {
+            Ok(memory) if !memory.ended() => return Ok((tid, memory)),
+            Ok(_) | Err(OpenError::Gone) => continue,
+            Err(OpenError::PermissionDenied(e)) => {
                 return Err(Fatal(format!(
-                    "permission denied reading the memory of {pid} ({}): {e}",
-                    m.path
-                )));
+                    "permission denied reading the memory of {pid} (run as root, or as the target's user with kernel.yama.ptrace_scope=0, or grant CAP_SYS_PTRACE): {e}"
+                )))
+            }
+            Err(OpenError::Other(e)) => {
+                return Err(Fatal(format!("cannot open the memory of {pid}: {e}")))
             }
         }
-        Ok(Target {
-            maps,
-            memory,
-            discovery,
-            module,
-            resolution,
-        })
     }
+    Err(Fatal(format!(
+        "process {pid} has no memory mappings (a zombie or kernel thread)"
+    )))
 }

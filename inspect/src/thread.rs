@@ -20,6 +20,10 @@ pub enum Outcome {
     Error(String),
     /// The thread exited before it could be read.
     Gone,
+    /// The address space the plan was made for is gone: the process
+    /// executed a new program (or exited). Nothing was learnt about the
+    /// thread, and no read with this plan can succeed again.
+    AddressSpaceGone,
 }
 
 /// One read of one thread.
@@ -106,7 +110,10 @@ pub fn read(
     // the thread is next scheduled and enters exit.
     let killed = failed && !stopped.still_held();
     out.times = Some(stopped.release());
-    if killed || (failed && exited(pid, tid)) {
+    if failed && mem.ended() {
+        out.outcome = Outcome::AddressSpaceGone;
+        out.times = None;
+    } else if killed || (failed && exited(pid, tid)) {
         // The failed read says nothing about the thread's context.
         out.outcome = Outcome::Gone;
         out.times = None;
@@ -187,10 +194,14 @@ pub fn process_exited(pid: i32) -> bool {
     list(pid).into_iter().all(|tid| exited(pid, tid))
 }
 
-/// The thread's name (`/proc/<pid>/task/<tid>/comm`).
+/// The thread's name (`/proc/<pid>/task/<tid>/comm`), exactly as the
+/// thread set it (bytes that are not UTF-8 replaced).
 pub fn name(pid: i32, tid: i32) -> String {
-    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-        .map(|s| s.trim_end().to_string())
+    fs::read(format!("/proc/{pid}/task/{tid}/comm"))
+        .map(|b| {
+            let b = b.strip_suffix(b"\n").unwrap_or(&b);
+            String::from_utf8_lossy(b).into_owned()
+        })
         .unwrap_or_default()
 }
 

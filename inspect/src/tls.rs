@@ -120,7 +120,7 @@ pub fn resolve(module: &DefiningModule, mem: &dyn Memory, abi: &Abi) -> Result<R
                 return Err(format!("TLSDESC descriptor at {got:#x} is not relocated yet"));
             }
             if is_static_resolver(mem, abi, resolver) {
-                let tp_offset = plausible_offset(arg)?;
+                let tp_offset = plausible_offset(arg, abi)?;
                 (
                     Plan::Static { tp_offset },
                     "tlsdesc-static",
@@ -161,7 +161,7 @@ pub fn resolve(module: &DefiningModule, mem: &dyn Memory, abi: &Abi) -> Result<R
         AccessModel::InitialExec { .. } => {
             let got = got_address.unwrap();
             let raw = mem.read_u64(got).map_err(|e| format!("GOT slot: {e}"))?;
-            let tp_offset = plausible_offset(raw)?;
+            let tp_offset = plausible_offset(raw, abi)?;
             (Plan::Static { tp_offset }, "initial-exec-static", format!("GOT slot {got:#x} (TPOFF64) holds offset {tp_offset}"))
         }
         AccessModel::LocalExec => {
@@ -200,10 +200,20 @@ fn is_static_resolver(mem: &dyn Memory, abi: &Abi, resolver: u64) -> bool {
     })
 }
 
-fn plausible_offset(raw: u64) -> Result<i64, String> {
+/// Checks an offset from the thread pointer read from the target. Static
+/// TLS lies below the thread pointer (variant II) or past the TCB above it
+/// (variant I); anything else is a slot the dynamic linker has not relocated
+/// yet (a program that is still starting) or garbage.
+fn plausible_offset(raw: u64, abi: &Abi) -> Result<i64, String> {
     let off = raw as i64;
-    if off.unsigned_abs() >= MAX_TP_OFFSET {
-        return Err(format!("thread-pointer offset {off:#x} is implausible"));
+    let on_the_tls_side = match abi.variant {
+        Variant::II => off < 0,
+        Variant::I { tcb_size } => off >= tcb_size as i64,
+    };
+    if off.unsigned_abs() >= MAX_TP_OFFSET || !on_the_tls_side {
+        return Err(format!(
+            "thread-pointer offset {off:#x} is implausible (not relocated yet, or garbage)"
+        ));
     }
     Ok(off)
 }
@@ -244,7 +254,11 @@ pub enum Location {
 /// while the thread is stopped: its DTV may be reallocated when it runs.
 pub fn locate(plan: &Plan, tp: u64, mem: &dyn Memory, abi: &Abi) -> Result<Location, String> {
     if tp == 0 {
-        return Err("thread pointer is 0".into());
+        // Set by the C library at startup: a thread without one (a program
+        // that has just been executed) has no TLS yet, so no record.
+        return Ok(Location::Unallocated(
+            "the thread pointer is 0: the thread has no TLS yet".into(),
+        ));
     }
     match *plan {
         Plan::Static { tp_offset } => Ok(Location::At(tp.wrapping_add(tp_offset as u64))),
@@ -409,6 +423,25 @@ mod tests {
             &X86_64
         )
         .is_err());
+    }
+
+    #[test]
+    fn an_offset_on_the_wrong_side_of_the_thread_pointer_is_not_relocated() {
+        let mem = FakeMemory::default();
+        // An initial-exec slot before relocation holds 0.
+        mem.put(0x7000_0400, &words(&[0]));
+        let ie = module(AccessModel::InitialExec { got: 0x400 });
+        assert!(resolve(&ie, &mem, &X86_64).is_err());
+        mem.put(0x7000_0400, &words(&[0x40]));
+        assert!(resolve(&ie, &mem, &X86_64).is_err());
+        assert!(resolve(&ie, &mem, &AARCH64).is_ok());
+        mem.put(0x7000_0400, &words(&[8]));
+        assert!(resolve(&ie, &mem, &AARCH64).is_err());
+        mem.put(0x7000_0400, &words(&[(-0x40i64) as u64]));
+        assert_eq!(
+            resolve(&ie, &mem, &X86_64).unwrap().plan,
+            Plan::Static { tp_offset: -0x40 }
+        );
     }
 
     #[test]

@@ -3,8 +3,12 @@
 //! library, both loaded with dlopen; an initial-exec library linked at build
 //! time; and an executable that defines the symbol itself. Each publishes
 //! known records on six threads; the reader must find every one exactly.
-//! A last executable starts and ends threads all the time, then exits: the
+//! Another executable starts and ends threads all the time, then exits: the
 //! reader must skip threads that are gone and end normally with the process.
+//! Hostile and changing targets: a process that executes another program
+//! while it is sampled, one whose main thread exits mid-run, records marked
+//! valid with all-zero ids, and terminal escape sequences in what a target
+//! controls.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -37,6 +41,9 @@ fn fixtures() -> &'static Path {
         );
         let (h_dl, h_exe, h_ie) = (o("host_dlopen"), o("host_exe"), o("host_ie"));
         let churn = o("churn");
+        let (exec_target, exec_decoy) = (o("exec_target"), o("exec_decoy"));
+        let exec_src = src.join("exec.c");
+        let exec_src = exec_src.to_str().unwrap();
         let (w, h) = (writer.to_str().unwrap(), host.to_str().unwrap());
         let rpath = format!("-Wl,-rpath,{}", out.display());
         let libdir = format!("-L{}", out.display());
@@ -72,6 +79,15 @@ fn fixtures() -> &'static Path {
                 churn_src.to_str().unwrap(),
                 "-lpthread",
             ],
+            vec!["-rdynamic", "-o", &exec_target, exec_src, "-lpthread"],
+            vec![
+                "-rdynamic",
+                "-DSLOT=decoy_slot",
+                "-o",
+                &exec_decoy,
+                exec_src,
+                "-lpthread",
+            ],
         ];
         for args in builds {
             let st = Command::new("gcc")
@@ -96,6 +112,8 @@ enum Expect {
     Null,
     Untouched,
     Garbage,
+    /// Marked valid, with all-zero ids (which ones: the role's name).
+    ZeroIds(String),
 }
 
 /// A running fixture process; killed and reaped when dropped.
@@ -162,6 +180,7 @@ fn spawn(program: &str, args: &[&str]) -> Fixture {
                     "null" => Expect::Null,
                     "untouched" => Expect::Untouched,
                     "garbage" => Expect::Garbage,
+                    zero if zero.starts_with("zero-") => Expect::ZeroIds(zero.to_string()),
                     other => panic!("unknown role {other}"),
                 };
                 f.expect.insert(tid.parse().unwrap(), e);
@@ -255,6 +274,28 @@ fn assert_threads(report: &Value, f: &Fixture, path: &str) {
             Expect::Garbage => {
                 assert_eq!(status, "error", "{t:#}");
                 assert_eq!(t["tls"]["pointer"], "0x10");
+            }
+            Expect::ZeroIds(which) => {
+                assert_eq!(status, "invalid", "{t:#}");
+                assert_eq!(t["record"]["valid"], 1, "{t:#}");
+                let reason = t["reason"].as_str().unwrap();
+                let zeros = match which.as_str() {
+                    "zero-both" => "trace_id and span_id are all zero",
+                    "zero-trace" => "trace_id is all zero",
+                    _ => "span_id is all zero",
+                };
+                assert!(reason.contains(zeros), "{t:#}");
+                let all_zero = |v: &Value| v.as_str().unwrap().bytes().all(|b| b == b'0');
+                assert_eq!(
+                    all_zero(&t["record"]["trace_id"]),
+                    which != "zero-span",
+                    "{t:#}"
+                );
+                assert_eq!(
+                    all_zero(&t["record"]["span_id"]),
+                    which != "zero-trace",
+                    "{t:#}"
+                );
             }
         }
         assert_eq!(
@@ -851,5 +892,436 @@ fn sample_of_a_process_it_may_not_trace_exits_2() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("permission denied"));
+    assert_running_untraced(f.pid);
+}
+
+/// A `sample --raw --json` run in the background: its raw lines arrive as
+/// they are printed.
+struct Sampler {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    collector: std::thread::JoinHandle<()>,
+}
+
+fn start_sample(pid: i32, hz: &str, duration: &str) -> Sampler {
+    let mut child = Command::new(READER)
+        .args([
+            "sample",
+            "--pid",
+            &pid.to_string(),
+            "--hz",
+            hz,
+            "--duration",
+            duration,
+            "--raw",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("reader runs");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    let collector = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    Sampler {
+        child,
+        lines,
+        collector,
+    }
+}
+
+impl Sampler {
+    /// Waits for `n` raw lines and returns them.
+    fn take(&self, n: usize) -> Vec<Value> {
+        (0..n)
+            .map(|_| {
+                let line = self
+                    .lines
+                    .recv_timeout(Duration::from_secs(20))
+                    .expect("the sampler prints reads");
+                serde_json::from_str(&line).unwrap()
+            })
+            .collect()
+    }
+
+    /// Waits for the run to end: exit status, the remaining raw lines,
+    /// stderr (the summary, then notes).
+    fn finish(self) -> (Option<i32>, Vec<Value>, Vec<u8>) {
+        let out = self.child.wait_with_output().unwrap();
+        self.collector.join().unwrap();
+        let rest = self
+            .lines
+            .try_iter()
+            .map(|l| serde_json::from_str(&l).unwrap())
+            .collect();
+        (out.status.code(), rest, out.stderr)
+    }
+}
+
+/// The exec fixture: a program that publishes one record on two threads
+/// and, on a line on stdin, executes another. Killed and reaped when dropped.
+struct ExecTarget {
+    child: Child,
+    pid: i32,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Drop for ExecTarget {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ExecTarget {
+    fn start(args: &[&str]) -> ExecTarget {
+        let mut child = Command::new(fixtures().join("exec_target"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("fixture starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if tx.send(line.unwrap_or_default()).is_err() {
+                    break;
+                }
+            }
+        });
+        let t = ExecTarget {
+            pid: child.id() as i32,
+            child,
+            lines,
+        };
+        t.ready();
+        t
+    }
+
+    /// Waits for the running program's "ready" line; returns its ids.
+    fn ready(&self) -> (String, String) {
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("fixture prints ready");
+        let w: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(w.len(), 4, "unexpected fixture output {line:?}");
+        assert_eq!(w[..2], ["ready", &self.pid.to_string()]);
+        (w[2].to_string(), w[3].to_string())
+    }
+
+    /// Makes the program execute the next one.
+    fn exec(&mut self) {
+        use std::io::Write;
+        self.child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    }
+}
+
+fn ids(trace: u8, span: u8) -> (String, String) {
+    (
+        format!("{trace:02x}").repeat(16),
+        format!("{span:02x}").repeat(8),
+    )
+}
+
+fn line_ids(s: &Value) -> Option<(String, String)> {
+    (s["valid"] == true).then(|| {
+        (
+            s["trace_id"].as_str().unwrap().to_string(),
+            s["span_id"].as_str().unwrap().to_string(),
+        )
+    })
+}
+
+#[test]
+fn sample_reads_nothing_of_a_program_executed_without_the_symbol() {
+    // The decoy has the same TLS layout under another name: reading it at
+    // the old offset would report its record (dede…/baba…).
+    let decoy = fixtures().join("exec_decoy");
+    let mut f = ExecTarget::start(&["11", "22", decoy.to_str().unwrap(), "de", "ba"]);
+    let s = start_sample(f.pid, "200", "2");
+    let mut lines = s.take(20);
+    f.exec();
+    assert_eq!(f.ready(), ids(0xde, 0xba), "the decoy runs");
+    let (code, rest, stderr) = s.finish();
+    let text = String::from_utf8_lossy(&stderr).into_owned();
+    assert_eq!(code, Some(0), "{text}");
+    lines.extend(rest);
+    for l in &lines {
+        assert!(l.get("error").is_none(), "a read failed: {l}");
+        assert_eq!(line_ids(l), Some(ids(0x11, 0x22)), "{l}");
+    }
+    let summary = first_json(&stderr);
+    assert_eq!(summary["target_exited"], false, "{summary:#}");
+    let execs = summary["execs"].as_array().unwrap();
+    assert_eq!(execs.len(), 1, "{summary:#}");
+    assert_eq!(execs[0]["executable"], decoy.to_str().unwrap());
+    assert!(execs[0]["resolution_path"].is_null(), "{summary:#}");
+    assert!(execs[0]["resumed_at_s"].is_null(), "{summary:#}");
+    assert!(
+        execs[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no module defines otel_thread_ctx_v1"),
+        "{summary:#}"
+    );
+    assert_eq!(summary["reads"].as_u64().unwrap() as usize, lines.len());
+    for t in summary["threads"].as_array().unwrap() {
+        assert_eq!(t["errors"], 0, "{t:#}");
+        assert_eq!(t["spans"][0]["trace_id"], ids(0x11, 0x22).0, "{t:#}");
+    }
+    assert!(
+        text.contains(&format!("pid {} executed {}", f.pid, decoy.display()))
+            && text.contains("no thread read since"),
+        "{text}"
+    );
+    assert_running_untraced(f.pid);
+}
+
+#[test]
+fn sample_finds_the_thread_context_of_the_program_executed_again() {
+    // The same executable again: the same file, a new address space.
+    let again = fixtures().join("exec_target");
+    let mut f = ExecTarget::start(&["11", "22", again.to_str().unwrap(), "33", "44"]);
+    let s = start_sample(f.pid, "200", "2");
+    let mut lines = s.take(20);
+    f.exec();
+    assert_eq!(f.ready(), ids(0x33, 0x44), "the new program runs");
+    let (code, rest, stderr) = s.finish();
+    let text = String::from_utf8_lossy(&stderr).into_owned();
+    assert_eq!(code, Some(0), "{text}");
+    lines.extend(rest);
+    let (old, new) = (ids(0x11, 0x22), ids(0x33, 0x44));
+    let mut seen_new = false;
+    let mut new_on_main = 0;
+    for l in &lines {
+        assert!(l.get("error").is_none(), "a read failed: {l}");
+        match line_ids(l) {
+            Some(x) if x == new => {
+                seen_new = true;
+                new_on_main += usize::from(l["tid"] == f.pid);
+            }
+            Some(x) if x == old => assert!(!seen_new, "an old record after the exec: {l}"),
+            // The new program's threads before they publish.
+            None => assert!(seen_new || l["tid"] != f.pid, "{l}"),
+            other => panic!("unexpected ids {other:?} in {l}"),
+        }
+    }
+    assert!(new_on_main > 0, "the new program's records were read");
+    let summary = first_json(&stderr);
+    let execs = summary["execs"].as_array().unwrap();
+    assert_eq!(execs.len(), 1, "{summary:#}");
+    assert_eq!(execs[0]["executable"], again.to_str().unwrap());
+    assert_eq!(
+        execs[0]["resolution_path"], "local-exec-static",
+        "{summary:#}"
+    );
+    assert!(execs[0]["error"].is_null(), "{summary:#}");
+    let resumed = execs[0]["resumed_at_s"].as_f64().unwrap();
+    assert!(resumed >= execs[0]["elapsed_s"].as_f64().unwrap());
+    assert!(text.contains("reads resumed after"), "{text}");
+    assert_running_untraced(f.pid);
+}
+
+#[test]
+fn sample_keeps_reading_the_other_threads_after_the_main_thread_exits() {
+    let lib = fixtures().join("libdesc.so");
+    let mut f = spawn(
+        "host_dlopen",
+        &[lib.to_str().unwrap(), "leader-exits-on-line"],
+    );
+    let s = start_sample(f.pid, "200", "1.5");
+    let mut lines = s.take(60);
+    {
+        use std::io::Write;
+        f.child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    }
+    let (code, rest, stderr) = s.finish();
+    let text = String::from_utf8_lossy(&stderr).into_owned();
+    assert_eq!(code, Some(0), "{text}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", f.pid)).unwrap();
+    assert!(
+        status.contains("State:\tZ"),
+        "the main thread exited: {status}"
+    );
+    lines.extend(rest);
+    let last_main = lines
+        .iter()
+        .filter(|l| l["tid"] == f.pid)
+        .map(|l| l["t_ns"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let mut after: HashMap<i64, usize> = HashMap::new();
+    for l in &lines {
+        assert!(l.get("error").is_none(), "a read failed: {l}");
+        let tid = l["tid"].as_i64().unwrap();
+        if l["t_ns"].as_u64().unwrap() > last_main {
+            *after.entry(tid).or_default() += 1;
+        }
+        match &f.expect[&(tid as i32)] {
+            Expect::Valid { trace, span, .. } => {
+                assert_eq!(line_ids(l), Some((trace.clone(), span.clone())), "{l}")
+            }
+            _ => assert_eq!(l["valid"], false, "{l}"),
+        }
+    }
+    assert_eq!(
+        after.len(),
+        5,
+        "every other thread read after the exit: {after:?}"
+    );
+    assert!(after.values().all(|&n| n >= 10), "{after:?}");
+    let summary = first_json(&stderr);
+    assert_eq!(summary["target_exited"], false, "{summary:#}");
+    let rounds = summary["rounds"].as_u64().unwrap();
+    for t in summary["threads"].as_array().unwrap() {
+        assert_eq!(t["errors"], 0, "{t:#}");
+        if t["tid"] == f.pid {
+            assert!(t["samples"].as_u64().unwrap() < rounds, "{t:#}");
+        } else {
+            assert_eq!(t["samples"].as_u64().unwrap(), rounds, "{t:#}");
+        }
+    }
+    assert_running_untraced(f.pid);
+}
+
+/// What the hostile fixture puts in thread names (window title, clear
+/// screen, the one-character CSI, DEL) and in an attribute value and the
+/// process context (the same, a colour, and a forged report line).
+const HOSTILE_NAME: &str = "\u{1b}]0;pw\u{7}\u{1b}[2J\u{9b}\u{7f}";
+const HOSTILE_TEXT: &str =
+    "\u{1b}]0;owned\u{7}\u{1b}[2J\u{1b}[31mred\u{9b}2J\u{7f}\r\nproblem: forged";
+
+/// Characters a terminal acts on (everything but the newlines ending lines).
+fn raw_controls(text: &str) -> Vec<char> {
+    text.chars()
+        .filter(|&c| c != '\n' && c.is_control())
+        .collect()
+}
+
+#[test]
+fn human_output_escapes_what_the_target_controls_and_json_keeps_it_exact() {
+    let lib = fixtures().join("libdesc.so");
+    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "hostile", "memfd"]);
+    let human = reader(&["inspect", "--pid", &f.pid.to_string()]);
+    let sampled = reader(&[
+        "sample",
+        "--pid",
+        &f.pid.to_string(),
+        "--hz",
+        "100",
+        "--duration",
+        "0.3",
+    ]);
+    for out in [&human, &sampled] {
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        for text in [&out.stdout, &out.stderr] {
+            let text = String::from_utf8(text.clone()).unwrap();
+            assert_eq!(raw_controls(&text), Vec::<char>::new(), "{text}");
+            assert!(
+                text.lines().all(|l| !l.starts_with("problem: forged")),
+                "{text}"
+            );
+        }
+    }
+    let inspect_text = String::from_utf8(human.stdout).unwrap();
+    let name = r"\x1b]0;pw\x07\x1b[2J\u{9b}\x7f";
+    let value = r"\x1b]0;owned\x07\x1b[2J\x1b[31mred\u{9b}2J\x7f\x0d\x0aproblem: forged";
+    for shown in [
+        name.to_string(),
+        format!("user.id{name}={value}"),
+        format!("service.name=svc{value}"),
+    ] {
+        assert!(inspect_text.contains(&shown), "{shown} in {inspect_text}");
+    }
+    let sample_text = String::from_utf8(sampled.stdout).unwrap();
+    assert!(sample_text.contains(name), "{sample_text}");
+
+    let (code, r) = inspect_json(f.pid);
+    assert_eq!(code, 0, "{r:#}");
+    for t in r["threads"].as_array().unwrap() {
+        assert_eq!(t["name"], HOSTILE_NAME, "{t:#}");
+    }
+    assert_eq!(main_thread_attributes(&r, f.pid)[1]["value"], HOSTILE_TEXT);
+    let pc = &r["process_context"];
+    assert_eq!(pc["resource"]["service.name"], format!("svc{HOSTILE_TEXT}"));
+    assert_eq!(pc["attribute_key_map"][1], format!("user.id{HOSTILE_NAME}"));
+    assert_running_untraced(f.pid);
+}
+
+#[test]
+fn records_marked_valid_with_all_zero_ids_are_not_conformant_and_name_no_span() {
+    let lib = fixtures().join("libdesc.so");
+    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "zero-ids"]);
+    let (code, r) = inspect_json(f.pid);
+    assert_eq!(code, 1, "{r:#}");
+    assert_eq!(r["conformant"], false);
+    assert_threads(&r, &f, "tlsdesc-static");
+    let zero_tids: Vec<i32> = f
+        .expect
+        .iter()
+        .filter(|(_, e)| matches!(e, Expect::ZeroIds(_)))
+        .map(|(tid, _)| *tid)
+        .collect();
+    assert_eq!(zero_tids.len(), 3);
+    for tid in &zero_tids {
+        assert!(
+            r["problems"].as_array().unwrap().iter().any(|p| {
+                let p = p.as_str().unwrap();
+                p.starts_with(&format!("thread {tid}: ")) && p.contains("all zero")
+            }),
+            "{:#}",
+            r["problems"]
+        );
+    }
+    let out = reader(&[
+        "sample",
+        "--pid",
+        &f.pid.to_string(),
+        "--hz",
+        "100",
+        "--duration",
+        "0.3",
+        "--raw",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let s: Value = serde_json::from_str(line).unwrap();
+        let tid = s["tid"].as_i64().unwrap() as i32;
+        match &f.expect[&tid] {
+            Expect::ZeroIds(_) => {
+                assert_eq!(s["valid"], false, "{line}");
+                assert!(s["trace_id"].is_null() && s["span_id"].is_null(), "{line}");
+                assert!(
+                    s["problem"].as_str().unwrap().contains("all zero"),
+                    "{line}"
+                );
+            }
+            Expect::Valid { trace, span, .. } => {
+                assert_eq!(line_ids(&s), Some((trace.clone(), span.clone())), "{line}")
+            }
+            _ => assert_eq!(s["valid"], false, "{line}"),
+        }
+    }
+    let summary: Value = serde_json::from_slice(&out.stderr).unwrap();
+    for t in summary["threads"].as_array().unwrap() {
+        let tid = t["tid"].as_i64().unwrap() as i32;
+        if zero_tids.contains(&tid) {
+            assert!(t["samples"].as_u64().unwrap() > 0, "{t:#}");
+            assert_eq!(t["zero_ids"], t["samples"], "{t:#}");
+            assert_eq!(t["idle"], t["samples"], "{t:#}");
+            assert!(t["spans"].as_array().unwrap().is_empty(), "{t:#}");
+        } else {
+            assert_eq!(t["zero_ids"], 0, "{t:#}");
+        }
+    }
     assert_running_untraced(f.pid);
 }
