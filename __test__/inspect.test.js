@@ -4,12 +4,14 @@
 // two workers parked inside their own spans, the same threads once their
 // spans ended and their loops idle, a process without the addon, a pid that
 // does not exist, a sampler killed mid-run, and samplers whose target has
-// workers that come and go, exits, or is killed mid-run.
+// workers that come and go, exits, is killed mid-run, or executes another
+// program (process.execve, where Node has it).
 const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
+const readline = require('node:readline');
 const { spawn, spawnSync, execFileSync } = require('node:child_process');
 const { jsonLines } = require('./helpers');
 
@@ -272,6 +274,63 @@ test('sample of a process killed mid-run: exit 0 with the samples read until the
   }
   for (const th of summary.threads) assert.strictEqual(th.errors, 0, JSON.stringify(th));
   assert.match(r.stderr, new RegExp(`pid ${child.pid} exited after`));
+});
+
+// The main thread publishes a span, then executes /bin/sleep from inside it
+// once a line arrives on stdin.
+const EXECS = `
+const fs = require('node:fs');
+const { context, trace } = require(${JSON.stringify(require.resolve('@opentelemetry/api', { paths: [ROOT] }))});
+const { ProfilingContextManager } = require(${JSON.stringify(ROOT)});
+context.setGlobalContextManager(new ProfilingContextManager().enable());
+const sc = { traceId: '4bf92f3577b34da6a3ce929d0e0e4736', spanId: '00f067aa0ba902b7', traceFlags: 1 };
+context.with(trace.setSpanContext(context.active(), sc), () => {
+  console.log(JSON.stringify({ phase: 'parked', traceId: sc.traceId, spanId: sc.spanId }));
+  fs.readSync(0, Buffer.alloc(1));
+  process.execve('/bin/sleep', ['sleep', '30']);
+});
+`;
+
+test('sample of a process that executes a program without thread context: no read of it, and a message', { skip: typeof process.execve !== 'function' && 'this Node has no process.execve' }, async (t) => {
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'otel-inspect-')), 'execs.js');
+  fs.writeFileSync(file, EXECS);
+  const child = spawn(process.execPath, [file], { stdio: ['pipe', 'pipe', 'inherit'] });
+  t.after(() => {
+    child.kill('SIGKILL');
+    fs.rmSync(path.dirname(file), { recursive: true, force: true });
+  });
+  const parked = await jsonLines(child.stdout, { timeoutMs: 20000 }).next('parked');
+  const sampler = spawn(READER, ['sample', '--pid', String(child.pid), '--hz', '200', '--duration', '2', '--raw', '--json'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stderr = '';
+  sampler.stderr.on('data', (d) => (stderr += d));
+  const lines = [];
+  let execed = false;
+  readline.createInterface({ input: sampler.stdout }).on('line', (l) => {
+    lines.push(JSON.parse(l));
+    // Once the span was read, make the process execute.
+    if (!execed && lines.some((x) => x.valid)) {
+      execed = true;
+      child.stdin.write('\n');
+    }
+  });
+  const status = await new Promise((r) => sampler.on('close', (c) => r(c)));
+  assert.strictEqual(status, 0, stderr);
+  assert.ok(execed, 'the span was read before the exec');
+  for (const l of lines) {
+    assert.strictEqual(l.error, undefined, JSON.stringify(l));
+    if (l.valid) assert.deepStrictEqual([l.trace_id, l.span_id], [parked.traceId, parked.spanId]);
+  }
+  const summary = JSON.parse(stderr.slice(0, stderr.indexOf('\n}\n') + 2));
+  assert.strictEqual(summary.execs.length, 1, JSON.stringify(summary.execs));
+  const [exec] = summary.execs;
+  assert.match(exec.executable, /sleep$/);
+  assert.strictEqual(exec.resolution_path, null);
+  assert.match(exec.error, /no module defines otel_thread_ctx_v1/);
+  assert.match(stderr, new RegExp(`pid ${child.pid} executed \\S*sleep after .*no thread read since`));
+  assert.strictEqual(fs.readlinkSync(`/proc/${child.pid}/exe`), exec.executable);
+  assertRunningUntraced(child.pid);
 });
 
 test('a Node process without the addon: exit 1 with the reason', async (t) => {
