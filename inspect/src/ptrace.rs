@@ -45,6 +45,10 @@ impl std::fmt::Display for StopError {
     }
 }
 
+/// How often a refused `PTRACE_SEIZE` of a thread that looks alive is tried
+/// again, a millisecond apart, before it counts as a permission failure.
+const PERMISSION_RETRIES: u32 = 20;
+
 /// Owns the ptrace relationship with the target's threads. All calls must
 /// come from the thread that created it (ptrace binds a tracee to one tracer
 /// thread); the reader is single-threaded.
@@ -231,15 +235,26 @@ impl Tracer {
             }
             None => {}
         }
-        if ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
-            return Err(match errno() {
+        let mut denials = 0;
+        while ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
+            let error = match errno() {
                 libc::ESRCH => StopError::Gone,
                 libc::EPERM => self.seize_denied(tid),
                 e => StopError::Other(format!(
                     "PTRACE_SEIZE: {}",
                     std::io::Error::from_raw_os_error(e)
                 )),
-            });
+            };
+            // While another thread executes a program, the main thread's id
+            // names the exiting main thread (which refuses to be traced),
+            // then the executing thread (which is alive): a refusal that
+            // does not last is that, not a lack of privilege.
+            if matches!(error, StopError::Permission(_)) && denials < PERMISSION_RETRIES {
+                denials += 1;
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            return Err(error);
         }
         let interrupted_at = Instant::now();
         if ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) != 0 {

@@ -110,7 +110,11 @@ pub fn read(
     // the thread is next scheduled and enters exit.
     let killed = failed && !stopped.still_held();
     out.times = Some(stopped.release());
-    if failed && mem.ended() {
+    // A thread pointer of 0 gives an answer without reading memory, so
+    // nothing proved it belongs to the address space the plan was made for
+    // (it is what a program just executed starts with).
+    let unread = out.thread_pointer == Some(0);
+    if (failed || unread) && mem.ended() {
         out.outcome = Outcome::AddressSpaceGone;
         out.times = None;
     } else if killed || (failed && exited(pid, tid)) {

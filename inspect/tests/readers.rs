@@ -915,6 +915,10 @@ fn start_sample(pid: i32, hz: &str, duration: &str) -> Sampler {
             duration,
             "--raw",
             "--json",
+            // A loaded machine can take long to schedule a thread into its
+            // stop; these runs are about what is read, not how fast.
+            "--stop-timeout-ms",
+            "2000",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1160,7 +1164,11 @@ fn sample_keeps_reading_the_other_threads_after_the_main_thread_exits() {
         .unwrap();
     let mut after: HashMap<i64, usize> = HashMap::new();
     for l in &lines {
-        assert!(l.get("error").is_none(), "a read failed: {l}");
+        assert!(
+            l.get("error").is_none(),
+            "a read of pid {} failed: {l}",
+            f.pid
+        );
         let tid = l["tid"].as_i64().unwrap();
         if l["t_ns"].as_u64().unwrap() > last_main {
             *after.entry(tid).or_default() += 1;
