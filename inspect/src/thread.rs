@@ -55,6 +55,8 @@ pub fn monotonic_ns() -> u64 {
 /// permission failure, which makes every further attempt pointless. A
 /// thread that exits before or while it is read is `Outcome::Gone`, even
 /// when the failure showed up as an error of ptrace or of a memory read.
+/// A read that fails because `mem`'s address space is gone (the process
+/// executed a new program, or exited) is `Outcome::AddressSpaceGone`.
 pub fn read(
     tracer: &mut Tracer,
     tid: i32,
