@@ -1135,6 +1135,48 @@ fn sample_finds_the_thread_context_of_the_program_executed_again() {
 }
 
 #[test]
+fn sample_follows_an_exec_into_a_program_that_loads_its_writer_with_dlopen() {
+    let host = fixtures().join("host_dlopen");
+    let lib = fixtures().join("libdesc.so");
+    let mut f = ExecTarget::start(&["11", "22", host.to_str().unwrap(), lib.to_str().unwrap()]);
+    let s = start_sample(f.pid, "200", "2");
+    let mut lines = s.take(20);
+    f.exec();
+    // host_dlopen's main thread publishes this record once the library is loaded.
+    let main_ids = (
+        "0102030405060708090a0b0c0d0e0f10".to_string(),
+        "a0a1a2a3a4a5a6a7".to_string(),
+    );
+    let (code, rest, stderr) = s.finish();
+    let text = String::from_utf8_lossy(&stderr).into_owned();
+    assert_eq!(code, Some(0), "{text}");
+    lines.extend(rest);
+    let old = ids(0x11, 0x22);
+    let mut seen_new = false;
+    for l in &lines {
+        assert!(l.get("error").is_none(), "a read failed: {l}");
+        match line_ids(l) {
+            Some(x) if x == old => assert!(!seen_new, "an old record after the exec: {l}"),
+            Some(x) => {
+                seen_new = true;
+                if l["tid"] == f.pid {
+                    assert_eq!(x, main_ids, "{l}");
+                }
+            }
+            None => {}
+        }
+    }
+    assert!(seen_new, "the new program's records were read");
+    let summary = first_json(&stderr);
+    let execs = summary["execs"].as_array().unwrap();
+    assert_eq!(execs.len(), 1, "{summary:#}");
+    assert_eq!(execs[0]["executable"], host.to_str().unwrap());
+    assert_eq!(execs[0]["resolution_path"], "tlsdesc-static", "{summary:#}");
+    assert!(execs[0]["resumed_at_s"].as_f64().is_some(), "{summary:#}");
+    assert_running_untraced(f.pid);
+}
+
+#[test]
 fn sample_keeps_reading_the_other_threads_after_the_main_thread_exits() {
     let lib = fixtures().join("libdesc.so");
     let mut f = spawn(
