@@ -14,8 +14,8 @@ const { spawn, spawnSync, execFileSync } = require('node:child_process');
 const { jsonLines } = require('./helpers');
 
 const ROOT = path.resolve(__dirname, '..');
-const TARGET_DIR = process.env.CARGO_TARGET_DIR ? path.resolve(ROOT, process.env.CARGO_TARGET_DIR) : path.join(ROOT, 'target');
-const READER = path.join(TARGET_DIR, 'release', 'otel-thread-ctx');
+const native = require('../js/native');
+let READER = native.readerPath();
 
 // The child: each JS thread publishes a distinct span and blocks inside it
 // (workers in Atomics.wait, main in a read of stdin). A line on stdin
@@ -103,8 +103,9 @@ function assertRunningUntraced(pid) {
 }
 
 test.before(() => {
-  if (!fs.existsSync(READER)) {
-    execFileSync('cargo', ['build', '--release', '--locked', '-p', 'otel-thread-ctx-inspect'], { cwd: ROOT, stdio: 'inherit' });
+  if (READER === null) {
+    execFileSync(process.execPath, [path.join(ROOT, 'scripts', 'build.js')], { cwd: ROOT, stdio: 'inherit' });
+    READER = native.readerPath();
   }
 });
 
@@ -117,7 +118,7 @@ test('inspect reads the span of each parked thread, then only invalid records on
   const { status, report, stderr } = inspect(child.pid);
   assert.strictEqual(status, 0, `${stderr}\n${JSON.stringify(report, null, 2)}`);
   assert.strictEqual(report.conformant, true);
-  assert.strictEqual(report.symbol.module, fs.realpathSync(path.join(ROOT, 'otel-thread-ctx.node')));
+  assert.strictEqual(report.symbol.module, fs.realpathSync(native.addonPath()));
   assert.strictEqual(report.symbol.access_model, 'tlsdesc');
   assert.match(report.symbol.resolution.path, /^tlsdesc-(static|dtv)$/);
   for (const th of parked.threads) {
