@@ -211,7 +211,7 @@ function run(args) {
   return new Promise((resolve) => p.on('close', (status) => resolve({ status, stdout, stderr })));
 }
 
-test('sample of a process whose workers come and go, then which exits: exit 0 with the samples read', async (t) => {
+test('sample of a process whose workers come and go, then which exits: exit 0 with the samples read, late stops skipped and counted', async (t) => {
   const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'otel-inspect-')), 'churn.js');
   fs.writeFileSync(file, CHURN);
   const child = spawn(process.execPath, [file], { stdio: ['ignore', 'pipe', 'inherit'] });
@@ -232,10 +232,22 @@ test('sample of a process whose workers come and go, then which exits: exit 0 wi
   });
   assert.strictEqual(ready.phase, 'churning');
   const started = Date.now();
-  const r = await run(['sample', '--pid', String(child.pid), '--hz', '500', '--duration', '3', '--raw']);
+  const r = await run(['sample', '--pid', String(child.pid), '--hz', '500', '--duration', '3', '--raw', '--json']);
   assert.strictEqual(r.status, 0, r.stderr);
   assert.ok(Date.now() - started < 2500, `the run ends with the process (${Date.now() - started} ms)`);
   const lines = r.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  // stderr: the JSON summary, then the line saying when the process exited.
+  const exitLine = r.stderr.trimEnd().split('\n').pop();
+  const summary = JSON.parse(r.stderr.trimEnd().slice(0, -exitLine.length));
+  assert.strictEqual(summary.target_exited, true);
+  // A thread that stops late (a loaded machine) is a skipped read: no raw
+  // line, no sample, no error, counted in late_stops.
+  const sum = (key) => summary.threads.reduce((n, th) => n + th[key], 0);
+  assert.strictEqual(lines.length, summary.reads, 'one raw line per read');
+  assert.strictEqual(sum('samples'), summary.reads);
+  assert.strictEqual(sum('late_stops'), summary.late_stops);
+  assert.strictEqual(sum('errors'), 0, JSON.stringify(summary.threads));
+  if (summary.late_stops > 0) console.log(`sample: ${summary.late_stops} late stops skipped`);
   assert.ok(lines.length > 0, 'samples were printed');
   const tids = new Set(lines.map((l) => l.tid));
   assert.ok(tids.has(child.pid), 'the main thread was read');
@@ -248,8 +260,7 @@ test('sample of a process whose workers come and go, then which exits: exit 0 wi
     }
   }
   assert.ok(inSpan > 0, 'some worker was read inside its span');
-  assert.match(r.stderr, /the target exited/);
-  assert.match(r.stderr.trimEnd().split('\n').pop(), new RegExp(`pid ${child.pid} exited after`));
+  assert.match(exitLine, new RegExp(`pid ${child.pid} exited after`));
 });
 
 test('sample of a process killed mid-run: exit 0 with the samples read until then', async (t) => {
