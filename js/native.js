@@ -17,9 +17,14 @@ const README = `"Installing" in ${path.join(ROOT, 'README.md')}`;
 const SUPPORTED = ['linux-x64-gnu'];
 
 function isMusl() {
-  // glibc reports its version in the process report; musl does not.
-  const report = process.report?.getReport?.();
-  return report ? !report.header?.glibcVersionRuntime : false;
+  // Reading ldd is cheap; the process report (where glibc gives its version
+  // and musl nothing) takes milliseconds, and every thread loads this.
+  try {
+    return fs.readFileSync('/usr/bin/ldd', 'latin1').includes('musl');
+  } catch {
+    const report = process.report?.getReport?.();
+    return report ? !report.header?.glibcVersionRuntime : false;
+  }
 }
 
 let platformCache;
@@ -43,22 +48,22 @@ function platformPackageDir(key = platform()) {
   }
 }
 
-/** Candidate locations: the build from source first, then the platform package. */
-function candidates(file) {
-  const dirs = [ROOT];
+/** `file` from the build from source, else from the platform package, else null. */
+function find(file) {
+  const local = path.join(ROOT, file);
+  if (fs.existsSync(local)) return local;
   const prebuilt = platformPackageDir();
-  if (prebuilt !== null) dirs.push(prebuilt);
-  return dirs.map((dir) => path.join(dir, file));
+  return prebuilt !== null && fs.existsSync(path.join(prebuilt, file)) ? path.join(prebuilt, file) : null;
 }
 
 /** The addon's path, or null when it is not installed. */
 function addonPath() {
-  return candidates(addonFile(platform())).find((f) => fs.existsSync(f)) ?? null;
+  return find(addonFile(platform()));
 }
 
 /** The reader CLI's path, or null when it is not installed. */
 function readerPath() {
-  return candidates(path.join('bin', BINARY_NAME)).find((f) => fs.existsSync(f)) ?? null;
+  return find(path.join('bin', BINARY_NAME));
 }
 
 /** Why nothing can be loaded, and what to do about it. */
