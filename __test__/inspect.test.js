@@ -16,8 +16,8 @@ const { spawn, spawnSync, execFileSync } = require('node:child_process');
 const { jsonLines } = require('./helpers');
 
 const ROOT = path.resolve(__dirname, '..');
-const TARGET_DIR = process.env.CARGO_TARGET_DIR ? path.resolve(ROOT, process.env.CARGO_TARGET_DIR) : path.join(ROOT, 'target');
-const READER = path.join(TARGET_DIR, 'release', 'otel-thread-ctx');
+const native = require('../js/native');
+let READER = native.readerPath();
 
 // The child: each JS thread publishes a distinct span and blocks inside it
 // (workers in Atomics.wait, main in a read of stdin). A line on stdin
@@ -105,8 +105,9 @@ function assertRunningUntraced(pid) {
 }
 
 test.before(() => {
-  if (!fs.existsSync(READER)) {
-    execFileSync('cargo', ['build', '--release', '--locked', '-p', 'otel-thread-ctx-inspect'], { cwd: ROOT, stdio: 'inherit' });
+  if (READER === null) {
+    execFileSync(process.execPath, [path.join(ROOT, 'scripts', 'build.js')], { cwd: ROOT, stdio: 'inherit' });
+    READER = native.readerPath();
   }
 });
 
@@ -119,7 +120,7 @@ test('inspect reads the span of each parked thread, then only invalid records on
   const { status, report, stderr } = inspect(child.pid);
   assert.strictEqual(status, 0, `${stderr}\n${JSON.stringify(report, null, 2)}`);
   assert.strictEqual(report.conformant, true);
-  assert.strictEqual(report.symbol.module, fs.realpathSync(path.join(ROOT, 'otel-thread-ctx.node')));
+  assert.strictEqual(report.symbol.module, fs.realpathSync(native.addonPath()));
   assert.strictEqual(report.symbol.access_model, 'tlsdesc');
   assert.match(report.symbol.resolution.path, /^tlsdesc-(static|dtv)$/);
   for (const th of parked.threads) {
@@ -212,7 +213,7 @@ function run(args) {
   return new Promise((resolve) => p.on('close', (status) => resolve({ status, stdout, stderr })));
 }
 
-test('sample of a process whose workers come and go, then which exits: exit 0 with the samples read', async (t) => {
+test('sample of a process whose workers come and go, then which exits: exit 0 with the samples read, late stops skipped and counted', async (t) => {
   const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'otel-inspect-')), 'churn.js');
   fs.writeFileSync(file, CHURN);
   const child = spawn(process.execPath, [file], { stdio: ['ignore', 'pipe', 'inherit'] });
@@ -233,10 +234,22 @@ test('sample of a process whose workers come and go, then which exits: exit 0 wi
   });
   assert.strictEqual(ready.phase, 'churning');
   const started = Date.now();
-  const r = await run(['sample', '--pid', String(child.pid), '--hz', '500', '--duration', '3', '--raw']);
+  const r = await run(['sample', '--pid', String(child.pid), '--hz', '500', '--duration', '3', '--raw', '--json']);
   assert.strictEqual(r.status, 0, r.stderr);
   assert.ok(Date.now() - started < 2500, `the run ends with the process (${Date.now() - started} ms)`);
   const lines = r.stdout.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  // stderr: the JSON summary, then the line saying when the process exited.
+  const exitLine = r.stderr.trimEnd().split('\n').pop();
+  const summary = JSON.parse(r.stderr.trimEnd().slice(0, -exitLine.length));
+  assert.strictEqual(summary.target_exited, true);
+  // A thread that stops late (a loaded machine) is a skipped read: no raw
+  // line, no sample, no error, counted in late_stops.
+  const sum = (key) => summary.threads.reduce((n, th) => n + th[key], 0);
+  assert.strictEqual(lines.length, summary.reads, 'one raw line per read');
+  assert.strictEqual(sum('samples'), summary.reads);
+  assert.strictEqual(sum('late_stops'), summary.late_stops);
+  assert.strictEqual(sum('errors'), 0, JSON.stringify(summary.threads));
+  if (summary.late_stops > 0) console.log(`sample: ${summary.late_stops} late stops skipped`);
   assert.ok(lines.length > 0, 'samples were printed');
   const tids = new Set(lines.map((l) => l.tid));
   assert.ok(tids.has(child.pid), 'the main thread was read');
@@ -249,8 +262,7 @@ test('sample of a process whose workers come and go, then which exits: exit 0 wi
     }
   }
   assert.ok(inSpan > 0, 'some worker was read inside its span');
-  assert.match(r.stderr, /the target exited/);
-  assert.match(r.stderr.trimEnd().split('\n').pop(), new RegExp(`pid ${child.pid} exited after`));
+  assert.match(exitLine, new RegExp(`pid ${child.pid} exited after`));
 });
 
 test('sample of a process killed mid-run: exit 0 with the samples read until then', async (t) => {

@@ -3,10 +3,8 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const { execFileSync } = require('node:child_process');
-const path = require('node:path');
-const { ROOT } = require('./helpers');
 
-const addon = path.join(ROOT, 'otel-thread-ctx.node');
+const addon = require('../js/native').addonPath();
 const readelf = (flags) => execFileSync('readelf', [...flags, addon], { encoding: 'utf8' });
 
 test('otel_thread_ctx_v1 is an 8-byte global TLS symbol in .dynsym', () => {

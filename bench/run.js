@@ -226,8 +226,8 @@ function machine() {
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
-  if (!fs.existsSync(path.join(ROOT, 'otel-thread-ctx.node'))) {
-    console.error('bench: otel-thread-ctx.node is missing; build it first with `npm install`');
+  if (require('../js/native').addonPath() === null) {
+    console.error('bench: the addon is missing; build it first with `npm install`');
     process.exit(2);
   }
   const suites = SUITES.filter((s) => !opts.only || opts.only.includes(s.name));

@@ -18,6 +18,7 @@ const binding = require('./binding');
 const view = require('./record-view');
 const continuations = require('./continuations');
 const { AttributeSchema, validateKeys } = require('./span-attributes');
+const sdkResource = require('./sdk-resource');
 
 /** Per-context and per-span cache of the record entry (never enumerated). */
 const kEntry = Symbol('otel-thread-ctx.entry');
@@ -45,6 +46,7 @@ function entryForSpan(span) {
   if (span === undefined) return view.NO_SPAN;
   const cached = span[kEntry];
   if (cached !== undefined && isFresh(cached)) return cached;
+  sdkResource.onNewSpan(span);
   const sc = span.spanContext();
   // entryFromIds returns NO_SPAN for malformed or all-zero (invalid) ids.
   const entry = view.entryFromIds(sc.traceId, sc.spanId, sc.traceFlags);

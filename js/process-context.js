@@ -13,12 +13,21 @@ const binding = require('./binding');
 /** Deepest nesting the native side accepts (src/process_context/js.rs). */
 const MAX_DEPTH = 8;
 
+/** Whether this thread published a Resource itself (not the manager's zero-config one). */
+let explicitResource = false;
+
+/** Whether a Resource was published by the application or the span processor. */
+function resourcePublishedExplicitly() {
+  return explicitResource;
+}
+
 /**
  * Publishes or updates the process context. Validation is native: bad
  * input throws TypeError/RangeError and changes nothing.
  */
 function publishProcessContext(options) {
   binding.publishProcessContext(options);
+  if (options?.resource !== undefined) explicitResource = true;
 }
 
 /** Appends keys to `threadlocal.attribute_key_map`; returns their indexes. */
@@ -108,6 +117,8 @@ class ProcessContextSpanProcessor {
     this._resource = undefined;
     this._published = undefined;
     this._warned = false;
+    // The manager's zero-config publication uses an instance of its own.
+    this._explicit = true;
   }
 
   onStart(span) {
@@ -133,6 +144,7 @@ class ProcessContextSpanProcessor {
     try {
       binding.publishProcessContext({ ...this._options, resource: attributes });
       this._published = print;
+      if (this._explicit) explicitResource = true;
     } catch (error) {
       if (!this._warned) {
         this._warned = true;
@@ -153,6 +165,7 @@ class ProcessContextSpanProcessor {
 }
 
 module.exports = {
+  resourcePublishedExplicitly,
   publishProcessContext,
   registerAttributeKeys,
   processContextInfo,

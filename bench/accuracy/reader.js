@@ -1,16 +1,14 @@
 'use strict';
-// The project's reader CLI (target/release/otel-thread-ctx) as a sampler:
+// The project's reader CLI (bin/otel-thread-ctx) as a sampler:
 // `sample --pid N --hz F --duration S --raw` stops each thread with ptrace,
 // reads its record and prints one JSON line per read
 // {tid, t_ns, valid, trace_id, span_id, trace_flags}. Each round reads every
 // thread, on CPU or not, so it samples wall-clock time rather than CPU time.
 
 const fs = require('node:fs');
-const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 
-const ROOT = path.resolve(__dirname, '..', '..');
-const BINARY = process.env.OTEL_THREAD_CTX_READER || path.join(ROOT, 'target', 'release', 'otel-thread-ctx');
+const BINARY = process.env.OTEL_THREAD_CTX_READER || require('../../js/native').readerPath();
 
 /** Why the reader cannot sample, or null when it can. */
 function unavailableReason() {

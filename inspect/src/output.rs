@@ -279,6 +279,13 @@ pub fn sample(s: &Summary) -> String {
     if let Some(sig) = s.interrupted_by_signal {
         let _ = writeln!(o, "stopped early by signal {sig}");
     }
+    if s.late_stops > 0 {
+        let _ = writeln!(
+            o,
+            "{} reads skipped: the thread did not stop within the stop timeout",
+            s.late_stops
+        );
+    }
     if s.target_exited {
         let _ = writeln!(o, "the target exited");
     }

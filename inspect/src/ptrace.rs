@@ -32,6 +32,8 @@ pub enum StopError {
     Busy(String),
     /// The thread did not stop in time; it will be released later.
     Timeout(Duration),
+    /// The thread still has not reached the stop of an earlier timeout.
+    StillStopping,
     Other(String),
 }
 
@@ -41,6 +43,7 @@ impl std::fmt::Display for StopError {
             StopError::Gone => write!(f, "thread exited"),
             StopError::Permission(s) | StopError::Busy(s) | StopError::Other(s) => f.write_str(s),
             StopError::Timeout(d) => write!(f, "thread did not stop within {} ms", d.as_millis()),
+            StopError::StillStopping => write!(f, "thread still has not reached an earlier stop"),
         }
     }
 }
@@ -228,11 +231,7 @@ impl Tracer {
             Some(Pending::Stopping) if thread::exited(self.pid, tid) => {
                 return Err(StopError::Gone)
             }
-            Some(Pending::Stopping) => {
-                return Err(StopError::Other(
-                    "thread still has not reached an earlier stop".into(),
-                ))
-            }
+            Some(Pending::Stopping) => return Err(StopError::StillStopping),
             None => {}
         }
         let mut denials = 0;

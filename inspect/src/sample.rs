@@ -62,6 +62,10 @@ pub struct Summary {
     pub missed_ticks: u64,
     /// Thread reads that stopped a thread.
     pub reads: u64,
+    /// Reads skipped because the thread did not stop within the stop
+    /// timeout (a loaded machine): no sample, no error, the thread is
+    /// released as soon as it stops and read again in a later round.
+    pub late_stops: u64,
     pub stop_time: StopStats,
     /// Set when SIGINT/SIGTERM/SIGHUP/SIGQUIT ended the run early.
     pub interrupted_by_signal: Option<i32>,
@@ -114,6 +118,8 @@ pub struct ThreadSummary {
     /// which names no span.
     pub zero_ids: u64,
     pub errors: u64,
+    /// Reads of this thread skipped because it stopped late (not in `samples`).
+    pub late_stops: u64,
     /// Valid samples per span, most frequent first.
     pub spans: Vec<SpanShare>,
 }
@@ -133,6 +139,7 @@ struct Tally {
     idle: u64,
     zero_ids: u64,
     errors: u64,
+    late_stops: u64,
     spans: HashMap<([u8; 16], [u8; 8]), u64>,
 }
 
@@ -230,7 +237,7 @@ pub fn run(
     let mut tallies: BTreeMap<i32, Tally> = BTreeMap::new();
     let mut held = Vec::new();
     let mut to_stop = Vec::new();
-    let (mut rounds, mut missed, mut reads) = (0u64, 0u64, 0u64);
+    let (mut rounds, mut missed, mut reads, mut late_stops) = (0u64, 0u64, 0u64, 0u64);
     let mut target_exited = false;
     let start = Instant::now();
     let end = start + opts.duration;
@@ -323,6 +330,13 @@ pub fn run(
                 _ => {}
             }
             read_any = true;
+            if read.late_stop {
+                // A profiler on a loaded machine misses that sample and goes
+                // on; so does the sampler.
+                late_stops += 1;
+                tallies.entry(tid).or_default().late_stops += 1;
+                continue;
+            }
             reads += 1;
             if let Some(t) = read.times {
                 held.push(t.held.as_nanos() as u64);
@@ -407,9 +421,15 @@ pub fn run(
                 name: thread::name(opts.pid, tid),
                 samples: t.samples,
                 idle: t.idle,
-                idle_share: t.idle as f64 / t.samples as f64,
+                // A thread whose every read was skipped has no samples.
+                idle_share: if t.samples == 0 {
+                    0.0
+                } else {
+                    t.idle as f64 / t.samples as f64
+                },
                 zero_ids: t.zero_ids,
                 errors: t.errors,
+                late_stops: t.late_stops,
                 spans,
             }
         })
@@ -429,6 +449,7 @@ pub fn run(
         },
         missed_ticks: missed,
         reads,
+        late_stops,
         stop_time: StopStats {
             held_median_ns: percentile(&held, 0.5),
             held_p90_ns: percentile(&held, 0.9),

@@ -38,6 +38,9 @@ pub struct ThreadRead {
     pub pointer: Option<u64>,
     pub outcome: Outcome,
     pub times: Option<StopTimes>,
+    /// The thread did not reach its stop within the timeout (or is still on
+    /// its way to an earlier one): nothing was read, the outcome is an error.
+    pub late_stop: bool,
 }
 
 /// CLOCK_MONOTONIC in nanoseconds.
@@ -72,6 +75,7 @@ pub fn read(
         pointer: None,
         outcome: Outcome::Gone,
         times: None,
+        late_stop: false,
     };
     let pid = tracer.pid();
     let stopped = match tracer.stop(tid) {
@@ -80,6 +84,7 @@ pub fn read(
         Err(StopError::Permission(e)) => return Err(e),
         Err(_) if exited(pid, tid) => return Ok(out),
         Err(e) => {
+            out.late_stop = matches!(e, StopError::Timeout(_) | StopError::StillStopping);
             out.outcome = Outcome::Error(format!("cannot stop the thread: {e}"));
             return Ok(out);
         }
