@@ -98,19 +98,26 @@ fn unix_now_ns() -> u64 {
 }
 
 /// The process context's Resource (as published) and key map, if any.
-fn process_context(target: &Target) -> (Option<Resource>, Vec<String>) {
-    let key_map = match process_context::lookup(&target.maps, &target.memory) {
+fn process_context(maps: &[crate::maps::Mapping], memory: &dyn crate::memory::Memory) -> (Option<Resource>, Vec<String>) {
+    let key_map = match process_context::lookup(maps, memory) {
         Lookup::Found(d) => d.attribute_key_map.clone().unwrap_or_default(),
         _ => Vec::new(),
     };
-    let resource = target
-        .maps
+    let resource = maps
         .iter()
         .filter(|m| process_context::MAPPING_NAMES.contains(&m.name()))
-        .find_map(|m| process_context::read_consistent(&target.memory, m.start).ok())
+        .find_map(|m| process_context::read_consistent(memory, m.start).ok())
         .and_then(|(_, payload)| process_context::decode(&payload).ok())
         .and_then(|ctx| ctx.resource);
     (resource, key_map)
+}
+
+/// Re-reads the process context of a live process; `None` when it is gone
+/// or publishes none.
+fn current_process_context(pid: i32) -> Option<(Option<Resource>, Vec<String>)> {
+    let maps = crate::maps::read(pid).ok()?;
+    let found = process_context(&maps, &crate::memory::ProcessMemory::new(pid));
+    (found.0.is_some() || !found.1.is_empty()).then_some(found)
 }
 
 /// Runs the profile and writes its output.
@@ -162,6 +169,7 @@ fn sample(opts: &Options, target: Target, globals: kernel::Globals, mut lines: V
     let mut thread_names: HashMap<u32, String> = HashMap::new();
     let mut names_refreshed = Instant::now() - Duration::from_secs(1);
     let mut target_exited = false;
+    let mut context = process_context(&target.maps, &target.memory);
     let mut take = |s: kernel::Sample, collector: &mut symbolize::Collector| {
         for (i, &a) in s.user_stack.iter().enumerate() {
             collector.user(model::lookup_address(i, a));
@@ -185,6 +193,10 @@ fn sample(opts: &Options, target: Target, globals: kernel::Globals, mut lines: V
                 }
             }
             names_refreshed = Instant::now();
+            // The key map only grows: the latest one names every index seen.
+            if let Some(found) = current_process_context(pid) {
+                context = found;
+            }
             if thread::process_exited(pid) {
                 target_exited = true;
                 break;
@@ -197,11 +209,12 @@ fn sample(opts: &Options, target: Target, globals: kernel::Globals, mut lines: V
     let lost = loaded.lost();
     drop(loaded);
     let duration_ns = started.elapsed().as_nanos() as u64;
-    // The key map only grows: the latest one names every index seen.
-    let (resource, key_map) = match Target::open(pid) {
-        Ok(t) if !target_exited => process_context(&t),
-        _ => process_context(&target),
-    };
+    if !target_exited {
+        if let Some(found) = current_process_context(pid) {
+            context = found;
+        }
+    }
+    let (resource, key_map) = context;
     let names = collector.finish();
     let base = model::Profile {
         pid,
