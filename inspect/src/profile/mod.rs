@@ -10,6 +10,7 @@
 #![cfg_attr(not(profile_bpf), allow(dead_code, unused_imports))]
 
 pub mod flame;
+pub mod jsonl;
 pub mod kernel;
 pub mod model;
 pub mod otlp;
@@ -41,6 +42,9 @@ pub enum Format {
     Folded,
     /// Flame graph SVGs, whole run plus one per trace.
     Svg,
+    /// One JSON line per sample, in time order, with CLOCK_MONOTONIC times
+    /// and the record as read (no stacks): for scripts and scoring.
+    Jsonl,
 }
 
 impl Format {
@@ -50,6 +54,7 @@ impl Format {
             Format::Otlp => "otlp.pb",
             Format::Folded => "folded",
             Format::Svg => "svg",
+            Format::Jsonl => "jsonl",
         }
     }
 }
@@ -265,7 +270,19 @@ fn sample(opts: &Options, target: Target, globals: kernel::Globals, mut lines: V
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("profile-{pid}.{}", opts.format.extension())));
-    write(opts, &profile, &resource, &notes, &output, &mut lines)?;
+    if opts.format == Format::Jsonl {
+        let mut text = String::new();
+        let mut sorted: Vec<&kernel::Sample> = samples.iter().collect();
+        sorted.sort_by_key(|s| s.time_ns);
+        for s in sorted {
+            text.push_str(&jsonl::line(s, &key_map, &names));
+            text.push('\n');
+        }
+        std::fs::write(&output, text).map_err(|e| Fatal(format!("cannot write {}: {e}", output.display())))?;
+        lines.push(format!("wrote {}", output.display()));
+    } else {
+        write(opts, &profile, &resource, &notes, &output, &mut lines)?;
+    }
     if let Some(endpoint) = &opts.otlp_endpoint {
         let status = otlp::send(endpoint, &otlp::request(&profile, resource.clone())).map_err(Fatal)?;
         lines.push(format!("sent OTLP profiles to {endpoint}: {status}"));
@@ -314,6 +331,7 @@ fn write(
             save(output, &otlp::data(otlp::request(profile, resource.clone())).encode_to_vec())?;
             lines.push(format!("wrote {}", output.display()));
         }
+        Format::Jsonl => unreachable!("written from the raw samples"),
         Format::Folded | Format::Svg => {
             let ext = opts.format.extension();
             let title = format!("pid {} on and off CPU by thread and span", profile.pid);

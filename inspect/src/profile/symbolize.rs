@@ -197,7 +197,7 @@ mod tests {
     fn own_executable_symbols_are_found() {
         // This test binary's own code, named through its ELF symbols.
         let me = maps::read(std::process::id() as i32).unwrap();
-        let addr = own_executable_symbols_are_found as usize as u64;
+        let addr = own_executable_symbols_are_found as *const () as usize as u64;
         let mut c = Collector::new(std::process::id() as i32, me);
         c.user(addr);
         let names = c.finish();
