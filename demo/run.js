@@ -9,7 +9,8 @@
 // on- and off-CPU stacks in the kernel with the reader's eBPF `profile`
 // command (JS frames named through node --perf-basic-prof's
 // /tmp/perf-<pid>.map) and writes its flame graphs, whole run and per top
-// trace, plus a pprof file into demo/out/. Without `profile` (a reader built
+// trace, into demo/out/, and tables of CPU share by span from its samples
+// (`--format jsonl`). Without `profile` (a reader built
 // without clang) bpftrace collects the stacks instead and the
 // otel-thread-ctx-flamegraph binary renders them.
 //
@@ -226,8 +227,9 @@ function decodeAttrs(buf) {
 // ------------------------------------------------------------ eBPF profile
 
 /**
- * Runs the reader's `profile` twice over the same interval (flame graphs and
- * pprof) until `stop()`; `done` resolves with their summary lines.
+ * Runs the reader's `profile` twice over the same interval (flame graphs,
+ * and one JSON line per sample) until `stop()`; `done` resolves with their
+ * summary lines and the on-CPU samples [{tid, count, traceId, spanId, route}].
  */
 function startProfile(pid) {
   const run = (format, file) => {
@@ -238,14 +240,25 @@ function startProfile(pid) {
     const done = new Promise((resolve) => child.on('close', (code) => resolve({ code, stderr })));
     return { child, done };
   };
-  const runs = [run('svg', 'profile.svg'), run('pprof', 'profile.pb.gz')];
+  const samplesFile = path.join(OUT, 'samples.jsonl');
+  const runs = [run('svg', 'profile.svg'), run('jsonl', 'samples.jsonl')];
   return {
     stop() {
       for (const r of runs) if (r.child.exitCode === null) r.child.kill('SIGINT');
     },
-    done: Promise.all(runs.map((r) => r.done)).then((results) => ({
-      summary: results.flatMap((r) => r.stderr.trim().split('\n').filter((l) => l && !/^thread context/.test(l))),
-    })),
+    done: Promise.all(runs.map((r) => r.done)).then((results) => {
+      const samples = [];
+      if (fs.existsSync(samplesFile)) {
+        for (const line of fs.readFileSync(samplesFile, 'utf8').split('\n')) {
+          if (!line) continue;
+          const s = JSON.parse(line);
+          if (s.kind !== 'cpu') continue;
+          samples.push({ tid: s.tid, count: 1, traceId: s.trace_id ?? null, spanId: s.span_id ?? null, route: s.attributes?.['http.route'] ?? null });
+        }
+        fs.rmSync(samplesFile);
+      }
+      return { samples, summary: results.flatMap((r) => r.stderr.trim().split('\n').filter((l) => l && !/^thread context|samples\.jsonl/.test(l))) };
+    }),
   };
 }
 
@@ -442,15 +455,23 @@ async function main() {
     for (const e of stackEntries) {
       for (const a of decodeAttrs(e.attrs)) if (a.index === listening.routeKeyIndex && e.spanId) routes.set(e.spanId, a.value);
     }
+    for (const s of profileRun?.samples ?? []) if (s.spanId && s.route) routes.set(s.spanId, s.route);
     if (readerRun) {
       const samples = readerRun.samples.map((s) => ({ tid: s.tid, count: 1, traceId: s.valid === 1 ? s.traceId : null, spanId: s.valid === 1 ? s.spanId : null }));
       printTables({ label: 'reader (ptrace reads every thread each round: share of wall-clock time)', samples, threads, spans, routes });
     }
     if (profileRun) {
-      console.log('\nprofile (eBPF, on and off CPU, every sample tagged with its span):');
+      printTables({
+        label: 'otel-thread-ctx profile (eBPF on-CPU samples: share of CPU time)',
+        samples: profileRun.samples,
+        threads,
+        spans,
+        routes,
+        cpuSamplesPerThread: Math.round((STACK_HZ * sampledMs) / 1000),
+      });
+      console.log('\nprofile: flame graphs (whole run on and off CPU by thread and span, and the top traces):');
       for (const line of profileRun.summary) console.log(`  ${line}`);
       for (const f of fs.readdirSync(OUT).sort()) console.log(`  ${path.relative(process.cwd(), path.join(OUT, f))}`);
-      console.log(`  open the pprof file with: go tool pprof -tags ${path.relative(process.cwd(), path.join(OUT, 'profile.pb.gz'))}`);
     }
     if (bt) {
       printTables({
