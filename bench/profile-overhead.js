@@ -7,6 +7,8 @@
 //
 //   node bench/profile-overhead.js [--rounds 3] [--units 400] [--hz 99] [--off-cpu]
 
+const fs = require('node:fs');
+const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const { jsonLines } = require('../__test__/helpers');
@@ -60,8 +62,14 @@ function parseArgs(argv) {
   return o;
 }
 
+// Workers need a file to run: the workload is written to a scratch one.
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-profile-overhead-'));
+const WORKLOAD_FILE = path.join(scratch, 'workload.js');
+fs.writeFileSync(WORKLOAD_FILE, WORKLOAD);
+process.on('exit', () => fs.rmSync(scratch, { recursive: true, force: true }));
+
 async function once(opts, profiled) {
-  const child = spawn(process.execPath, ['-e', WORKLOAD], { env: { ...process.env, UNITS: String(opts.units) }, stdio: ['pipe', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, [WORKLOAD_FILE], { env: { ...process.env, UNITS: String(opts.units) }, stdio: ['pipe', 'pipe', 'inherit'] });
   const { next } = jsonLines(child.stdout);
   const { ready: pid } = await next('ready');
   let profiler = null;

@@ -65,7 +65,8 @@ async function main() {
   const readerReason = reader.unavailableReason();
   const profileReason = profiler.unavailableReason();
   const samplers = (opts.samplers ?? ['bpftrace', 'profile', 'reader']).filter((s) => {
-    const reason = { bpftrace: bpfReason, reader: readerReason, profile: profileReason }[s] ?? `unknown sampler ${s}`;
+    const reasons = { bpftrace: bpfReason, reader: readerReason, profile: profileReason };
+    const reason = s in reasons ? reasons[s] : `unknown sampler ${s}`;
     if (reason) console.log(`skipping sampler ${s}: ${reason}`);
     return !reason;
   });
