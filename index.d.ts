@@ -195,6 +195,8 @@ export interface ProcessContextInfo {
   payloadSize: number;
   /** Keys in `threadlocal.attribute_key_map`. */
   keyCount: number;
+  /** Attributes of the published Resource; 0 while no thread has published one. */
+  resourceAttributes: number;
   /** Publications in this process so far. */
   publications: number;
   /** Superseded payloads still kept allocated for readers that were copying them. */

@@ -76,3 +76,25 @@ test('the harness catches a manager that publishes on with() only', { skip: unav
   const off = r.bpftrace.offCpu.blocked;
   assert.ok(Number(off.correct) / Number(off.ns) < 0.9, 'control: blocked time still on the blocking span');
 });
+
+const profiler = require('../bench/accuracy/profiler');
+
+test("the reader's eBPF profile attributes spans correctly, on and off CPU", { skip: profiler.unavailableReason() ?? false, timeout: 120000 }, async (t) => {
+  const r = await runAccuracy({ samplers: ['profile'], hz: 997, cpuMs: 6000, offMs: 3500, idleMs: 1500 });
+  for (const line of formatRun(r)) t.diagnostic(line);
+  assert.strictEqual(r.threads, 5);
+  for (const c of [r.profile.onCpu.overall, ...r.profile.onCpu.perThread]) {
+    const scored = c.correct + c.wrong + c.missing;
+    const name = `profile thread ${c.tid ?? 'overall'}`;
+    assert.ok(scored >= (c.tid ? 20 : 200), `${name}: only ${scored} samples in segments`);
+    assert.ok(c.correct / scored >= FLOORS.correct, `${name}: ${c.correct}/${scored} correct`);
+    assert.ok(c.wrong / scored <= FLOORS.wrong, `${name}: ${c.wrong}/${scored} wrong`);
+  }
+  const off = r.profile.offCpu;
+  assert.ok(off.blocked.ns > 1_000_000_000n, `only ${off.blocked.ns} ns blocked`);
+  const toBlocking = Number(off.blocked.correct) / Number(off.blocked.ns);
+  assert.ok(toBlocking >= FLOORS.offCpu, `off-CPU: ${(toBlocking * 100).toFixed(2)}% of blocked time on the blocking span`);
+  assert.ok(off.idle.ns > 500_000_000n, `only ${off.idle.ns} ns idle in the event loop`);
+  const idleOnSpan = Number(off.idle.attributedNs) / Number(off.idle.ns);
+  assert.ok(idleOnSpan <= FLOORS.idle, `idle: ${(idleOnSpan * 100).toFixed(3)}% of idle time attributed to a span`);
+});

@@ -94,3 +94,27 @@ test('a Resource the application published itself is left as it is', async () =>
     await exited(child);
   }
 });
+
+test('a Resource another thread published is left as it is: the process context is process-wide', async () => {
+  // A worker publishes before the main thread's first span; the main
+  // thread's manager must not replace it with the provider's Resource.
+  const setup = `
+    const { Worker } = require('node:worker_threads');
+    const published = new Int32Array(new SharedArrayBuffer(4));
+    new Worker(
+      "const { workerData } = require('node:worker_threads');" +
+        "require(process.cwd()).publishProcessContext({ resource: { 'service.name': 'from-worker' } });" +
+        'Atomics.store(workerData, 0, 1); Atomics.notify(workerData, 0);',
+      { eval: true, workerData: published },
+    ).unref();
+    if (Atomics.wait(published, 0, 0, 20000) === 'timed-out') throw new Error('the worker did not publish');
+  `;
+  const { child, lines } = await spawnNode(CHILD(setup));
+  try {
+    assert.strictEqual(lines[0].phase, 'first-span');
+    assert.deepStrictEqual(readResource(child.pid), { 'service.name': 'from-worker' });
+    child.stdin.write('\n\n');
+  } finally {
+    await exited(child);
+  }
+});

@@ -5,11 +5,14 @@
 // and how much of the time no span was published (idle).
 //
 // Sampler: the project's reader (`otel-thread-ctx sample --raw`, ptrace)
-// when it is built, else bpftrace. When running as root with bpftrace, it
-// also collects user stacks in the kernel (profile probe + ustack, JS frames
-// named through node --perf-basic-prof's /tmp/perf-<pid>.map) and renders a
-// flame graph per top trace with the otel-thread-ctx-flamegraph binary
-// (inferno) into demo/out/.
+// when it is built, else bpftrace. When running as root it also profiles
+// on- and off-CPU stacks in the kernel with the reader's eBPF `profile`
+// command (JS frames named through node --perf-basic-prof's
+// /tmp/perf-<pid>.map) and writes its flame graphs, whole run and per top
+// trace, into demo/out/, and tables of CPU share by span from its samples
+// (`--format jsonl`). Without `profile` (a reader built
+// without clang) bpftrace collects the stacks instead and the
+// otel-thread-ctx-flamegraph binary renders them.
 //
 // Everything is bounded: LOAD_SECONDS of load, at most MAX_REQUESTS
 // requests, a watchdog; every process started here is stopped at the end.
@@ -20,6 +23,7 @@ const http = require('node:http');
 const { fork, spawnSync } = require('node:child_process');
 const bpf = require('../bench/accuracy/bpf');
 const reader = require('../bench/accuracy/reader');
+const profiler = require('../bench/accuracy/profiler');
 
 const ROOT = path.resolve(__dirname, '..');
 const OUT = path.join(__dirname, 'out');
@@ -220,6 +224,44 @@ function decodeAttrs(buf) {
   return out;
 }
 
+// ------------------------------------------------------------ eBPF profile
+
+/**
+ * Runs the reader's `profile` twice over the same interval (flame graphs,
+ * and one JSON line per sample) until `stop()`; `done` resolves with their
+ * summary lines and the on-CPU samples [{tid, count, traceId, spanId, route}].
+ */
+function startProfile(pid) {
+  const run = (format, file) => {
+    const args = ['profile', '--pid', String(pid), '--hz', String(STACK_HZ), '--off-cpu', '--duration', String(LOAD_SECONDS + 60), '--format', format, '--max-traces', '3', '-o', path.join(OUT, file)];
+    const child = track(require('node:child_process').spawn(reader.BINARY, args, { stdio: ['ignore', 'ignore', 'pipe'] }));
+    let stderr = '';
+    child.stderr.on('data', (c) => (stderr += c));
+    const done = new Promise((resolve) => child.on('close', (code) => resolve({ code, stderr })));
+    return { child, done };
+  };
+  const samplesFile = path.join(OUT, 'samples.jsonl');
+  const runs = [run('svg', 'profile.svg'), run('jsonl', 'samples.jsonl')];
+  return {
+    stop() {
+      for (const r of runs) if (r.child.exitCode === null) r.child.kill('SIGINT');
+    },
+    done: Promise.all(runs.map((r) => r.done)).then((results) => {
+      const samples = [];
+      if (fs.existsSync(samplesFile)) {
+        for (const line of fs.readFileSync(samplesFile, 'utf8').split('\n')) {
+          if (!line) continue;
+          const s = JSON.parse(line);
+          if (s.kind !== 'cpu') continue;
+          samples.push({ tid: s.tid, count: 1, traceId: s.trace_id ?? null, spanId: s.span_id ?? null, route: s.attributes?.['http.route'] ?? null });
+        }
+        fs.rmSync(samplesFile);
+      }
+      return { samples, summary: results.flatMap((r) => r.stderr.trim().split('\n').filter((l) => l && !/^thread context|samples\.jsonl/.test(l))) };
+    }),
+  };
+}
+
 // ------------------------------------------------------------ report
 
 const pct = (n, d) => (d ? `${((100 * n) / d).toFixed(1)}%` : 'n/a');
@@ -333,13 +375,21 @@ async function main() {
   watchdog.unref();
 
   const readerReason = reader.unavailableReason();
-  const bpfReason = bpf.unavailableReason();
-  const stacks = bpfReason === null;
+  const profileReason = profiler.unavailableReason();
+  const bpfReason = profileReason === null ? null : bpf.unavailableReason();
+  const useProfile = profileReason === null;
+  const stacks = useProfile || bpfReason === null;
   if (readerReason && bpfReason) {
     throw new Error(`no sampler: the reader is not built (${readerReason}; run npm install) and bpftrace cannot run (${bpfReason})`);
   }
   console.log(`sampler: ${readerReason === null ? `the reader (otel-thread-ctx sample --raw, ${READER_HZ} Hz)` : `bpftrace (${STACK_HZ} Hz) - the reader is not available: ${readerReason}`}`);
-  console.log(stacks ? `stacks: bpftrace profile:hz:${STACK_HZ} with ustack` : `stacks: off (${bpfReason})`);
+  console.log(
+    useProfile
+      ? `stacks: otel-thread-ctx profile (eBPF, ${STACK_HZ} Hz, --off-cpu)`
+      : stacks
+        ? `stacks: bpftrace profile:hz:${STACK_HZ} with ustack (profile is not available: ${profileReason})`
+        : `stacks: off (profile: ${profileReason}; bpftrace: ${bpfReason})`,
+  );
 
   const execArgv = stacks ? ['--perf-basic-prof', '--interpreted-frames-native-stack'] : [];
   const service = startService(execArgv);
@@ -352,7 +402,14 @@ async function main() {
   try {
     let bt = null;
     let stackText = '';
-    if (stacks) {
+    let pf = null;
+    if (useProfile) {
+      fs.rmSync(OUT, { recursive: true, force: true });
+      fs.mkdirSync(OUT, { recursive: true });
+      pf = startProfile(pid);
+      // Loading and attaching takes a moment: the load waits for it.
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+    } else if (stacks) {
       let offset = readerReason === null ? reader.tlsOffset(pid, threads.filter((t) => t.tlsAddress)) : null;
       if (offset === null) {
         // fs_base is read at a system call of each thread: give them work.
@@ -382,7 +439,9 @@ async function main() {
     // Detach the samplers while the service lives: bpftrace names JIT
     // frames from the perf map of the live process when it prints.
     rd?.stop();
+    pf?.stop();
     const readerRun = rd ? await rd.done : null;
+    const profileRun = pf ? await pf.done : null;
     const printing = Date.now();
     const sampledMs = printing - sampleStart;
     if (bt) await bt.stop(30000);
@@ -396,9 +455,23 @@ async function main() {
     for (const e of stackEntries) {
       for (const a of decodeAttrs(e.attrs)) if (a.index === listening.routeKeyIndex && e.spanId) routes.set(e.spanId, a.value);
     }
+    for (const s of profileRun?.samples ?? []) if (s.spanId && s.route) routes.set(s.spanId, s.route);
     if (readerRun) {
       const samples = readerRun.samples.map((s) => ({ tid: s.tid, count: 1, traceId: s.valid === 1 ? s.traceId : null, spanId: s.valid === 1 ? s.spanId : null }));
       printTables({ label: 'reader (ptrace reads every thread each round: share of wall-clock time)', samples, threads, spans, routes });
+    }
+    if (profileRun) {
+      printTables({
+        label: 'otel-thread-ctx profile (eBPF on-CPU samples: share of CPU time)',
+        samples: profileRun.samples,
+        threads,
+        spans,
+        routes,
+        cpuSamplesPerThread: Math.round((STACK_HZ * sampledMs) / 1000),
+      });
+      console.log('\nprofile: flame graphs (whole run on and off CPU by thread and span, and the top traces):');
+      for (const line of profileRun.summary) console.log(`  ${line}`);
+      for (const f of fs.readdirSync(OUT).sort()) console.log(`  ${path.relative(process.cwd(), path.join(OUT, f))}`);
     }
     if (bt) {
       printTables({

@@ -8,7 +8,8 @@
 // not seen before (once per span, not per context switch), and stops for
 // good once a Resource was seen. A Resource the application published itself
 // (publishProcessContext with `resource`, or ProcessContextSpanProcessor,
-// which sees spans before they become active) is left as it is.
+// which sees spans before they become active), on this thread or any other,
+// is left as it is.
 
 const processContext = require('./process-context');
 
@@ -37,7 +38,9 @@ function onNewSpan(span) {
     const resource = span.resource;
     if (resource == null || typeof resource !== 'object') return;
     watching = false;
-    if (processContext.resourcePublishedExplicitly()) return;
+    // Another thread (the main one, say) may have published its Resource:
+    // the process context is process-wide, so only an empty one is filled.
+    if (processContext.resourcePublishedExplicitly() || processContext.processContextInfo()?.resourceAttributes > 0) return;
     if (publisher === null) {
       publisher = new processContext.ProcessContextSpanProcessor();
       publisher._explicit = false;

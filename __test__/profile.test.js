@@ -1,0 +1,214 @@
+'use strict';
+// `otel-thread-ctx profile` against a live Node service (main thread and a
+// worker, each in known spans; see fixtures/profiled-service.js), read back
+// with readers written elsewhere: `go tool pprof` for pprof, protobufjs with
+// an independent .proto for OTLP (from a file and from an OTLP/HTTP receiver
+// started here). Needs root (BPF) and a reader built with its BPF program;
+// skips with the reason otherwise.
+const test = require('node:test');
+const assert = require('node:assert');
+const fs = require('node:fs');
+const http = require('node:http');
+const os = require('node:os');
+const path = require('node:path');
+const { spawn, spawnSync } = require('node:child_process');
+const protobuf = require('protobufjs');
+const { ROOT, jsonLines, exited } = require('./helpers');
+
+const READER = require('../js/native').readerPath();
+const SERVICE = path.join(__dirname, 'fixtures', 'profiled-service.js');
+
+/** Why the profile tests cannot run here, or null. */
+function unavailable() {
+  if (READER === null) return 'the reader is not built (npm install builds it)';
+  if (process.getuid() !== 0) return 'profile loads BPF programs: run the tests as root';
+  // A pid that cannot exist: a build without the BPF program says so first.
+  const probe = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
+  if (/no kernel sampler/.test(probe.stderr)) return probe.stderr.trim();
+  return null;
+}
+
+function goTool() {
+  for (const go of ['go', '/usr/local/go/bin/go']) {
+    if (spawnSync(go, ['version'], { encoding: 'utf8' }).status === 0) return go;
+  }
+  return null;
+}
+
+const skip = unavailable();
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-profile-'));
+let service = null;
+let ids = null;
+
+function profile(args, { signalAfterMs = null } = {}) {
+  return new Promise((resolve) => {
+    const child = spawn(READER, ['profile', '--pid', String(ids.pid), ...args], { cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (d) => (stderr += d));
+    child.stdout.resume();
+    if (signalAfterMs !== null) setTimeout(() => child.kill('SIGINT'), signalAfterMs);
+    child.on('exit', (code, signal) => resolve({ code, signal, stderr }));
+  });
+}
+
+/** Samples of `go tool pprof -raw`: their values and labels. */
+function rawSamples(text) {
+  const lines = text.split('\n');
+  const start = lines.findIndex((l) => l.startsWith('Samples:'));
+  const end = lines.findIndex((l) => l.startsWith('Locations'));
+  assert.ok(start >= 0 && end > start, `no Samples section in:\n${text.slice(0, 2000)}`);
+  const types = lines[start + 1].trim().split(/\s+/).map((t) => t.replace('[dflt]', '').split('/')[0]);
+  const samples = [];
+  for (const line of lines.slice(start + 2, end)) {
+    const values = line.match(/^\s*((?:-?\d+\s+)*-?\d+):/);
+    if (values) {
+      const nums = values[1].trim().split(/\s+/).map(Number);
+      samples.push({ values: Object.fromEntries(types.map((t, i) => [t, nums[i]])), labels: {} });
+      continue;
+    }
+    for (const [, k, v] of line.matchAll(/([\w.]+):\[([^\]]*)\]/g)) samples.at(-1).labels[k] = v;
+  }
+  return { samples, locations: lines.slice(end) };
+}
+
+const sum = (list, f) => list.reduce((a, s) => a + f(s), 0);
+
+test('profile', { skip: skip ?? false }, async (t) => {
+  service = spawn(process.execPath, ['--perf-basic-prof', SERVICE], { cwd: tmp, stdio: ['ignore', 'pipe', 'inherit'] });
+  ids = JSON.parse(JSON.stringify(await jsonLines(service.stdout).next('the service line')));
+  t.after(async () => {
+    service.kill('SIGKILL');
+    await exited(service);
+    fs.rmSync(tmp, { recursive: true, force: true });
+    fs.rmSync(`/tmp/perf-${ids.pid}.map`, { force: true });
+  });
+  const { main, worker } = ids;
+
+  await t.test('pprof: on- and off-CPU samples carry the span, route and thread they ran in', async (t) => {
+    const out = path.join(tmp, 'run.pb.gz');
+    const r = await profile(['--duration', '3', '--off-cpu', '-o', out]);
+    assert.strictEqual(r.code, 0, r.stderr);
+    assert.match(r.stderr, /JavaScript frames named from \/tmp\/perf-\d+\.map/);
+    const go = goTool();
+    if (!go) return t.skip('no Go toolchain: go tool pprof cannot read the profile');
+    const raw = spawnSync(go, ['tool', 'pprof', '-raw', out], { encoding: 'utf8' });
+    assert.strictEqual(raw.status, 0, raw.stderr);
+    const { samples, locations } = rawSamples(raw.stdout);
+    const onCpu = samples.filter((s) => s.values.samples > 0);
+    const offCpu = samples.filter((s) => s.values.off_cpu > 0);
+    // Every on-CPU sample of a span ran on the thread that owns the span,
+    // with its route; there are samples of both threads' CPU spans.
+    const bySpan = (spanId) => onCpu.filter((s) => s.labels.span_id === spanId);
+    for (const [span, tid] of [[main.cpu, main.tid], [worker.span, worker.tid]]) {
+      const own = bySpan(span.spanId);
+      assert.ok(sum(own, (s) => s.values.samples) >= 5, `few samples of ${span.name}: ${JSON.stringify(own)}`);
+      for (const s of own) {
+        assert.strictEqual(s.labels['thread.id'], String(tid));
+        assert.strictEqual(s.labels.trace_id, span.traceId);
+        assert.strictEqual(s.labels['http.route'], span.route);
+        assert.strictEqual(s.labels.state, 'running');
+      }
+    }
+    assert.ok(onCpu.every((s) => s.values.cpu === s.values.samples * onCpu[0].values.cpu / onCpu[0].values.samples));
+    // Off CPU: the Atomics.wait in span "wait" is blocked time on that span,
+    // on the main thread; waits without a span are idle, never a span.
+    const blocked = offCpu.filter((s) => s.labels.span_id === main.wait.spanId);
+    assert.ok(sum(blocked, (s) => s.values.off_cpu) > 0.3e9, `blocked in wait: ${JSON.stringify(blocked)}`);
+    for (const s of blocked) {
+      assert.strictEqual(s.labels.state, 'blocked');
+      assert.strictEqual(s.labels['thread.id'], String(main.tid));
+      assert.strictEqual(s.labels['http.route'], '/main/wait');
+    }
+    const idle = offCpu.filter((s) => s.labels.state === 'idle');
+    assert.ok(idle.length > 0);
+    assert.ok(idle.every((s) => s.labels.span_id === undefined && s.labels.trace_id === undefined));
+    // JS frames named from the perf map, native ones from ELF symbols.
+    assert.ok(locations.some((l) => /spinCpu .*profiled-service\.js/.test(l)), 'no spinCpu frame');
+    assert.ok(locations.some((l) => /uv_run/.test(l)), 'no uv_run frame');
+    const tags = spawnSync(go, ['tool', 'pprof', '-tags', out], { encoding: 'utf8' });
+    assert.match(tags.stdout, /http\.route/);
+    assert.match(tags.stdout, new RegExp(main.wait.spanId));
+  });
+
+  await t.test('otlp: the file and the receiver get the Resource, links and thread attributes', async () => {
+    const root = protobuf.loadSync(path.join(__dirname, 'fixtures', 'profiles.proto'));
+    const Request = root.lookupType('otlp.profiles.test.ExportProfilesServiceRequest');
+    const received = [];
+    const receiver = http.createServer((req, res) => {
+      const chunks = [];
+      req.on('data', (c) => chunks.push(c));
+      req.on('end', () => {
+        received.push({ url: req.url, type: req.headers['content-type'], body: Buffer.concat(chunks) });
+        res.writeHead(200, { 'content-type': 'application/x-protobuf' }).end();
+      });
+    });
+    await new Promise((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+    const out = path.join(tmp, 'run.otlp.pb');
+    const r = await profile(['--duration', '2', '--format', 'otlp', '-o', out, '--otlp-endpoint', `http://127.0.0.1:${receiver.address().port}`]);
+    receiver.close();
+    assert.strictEqual(r.code, 0, r.stderr);
+    assert.strictEqual(received.length, 1);
+    assert.strictEqual(received[0].url, '/v1development/profiles');
+    assert.strictEqual(received[0].type, 'application/x-protobuf');
+    // ProfilesData and the request share their fields: the file decodes the same.
+    for (const bytes of [received[0].body, fs.readFileSync(out)]) {
+      const msg = Request.toObject(Request.decode(bytes), { longs: Number, bytes: Buffer });
+      const dict = msg.dictionary;
+      const str = (i) => dict.stringTable[i ?? 0];
+      assert.strictEqual(str(0), '');
+      const rp = msg.resourceProfiles[0];
+      const resource = Object.fromEntries(rp.resource.attributes.map((kv) => [kv.key, kv.value.stringValue ?? kv.value.intValue]));
+      assert.strictEqual(resource['service.name'], 'profiled-service');
+      const [cpu] = rp.scopeProfiles[0].profiles;
+      assert.strictEqual(str(cpu.sampleType.typeStrindex), 'cpu');
+      const attrs = (s) => Object.fromEntries((s.attributeIndices ?? []).map((i) => {
+        const kv = dict.attributeTable[i];
+        return [str(kv.keyStrindex), kv.value.stringValue ?? kv.value.intValue];
+      }));
+      const linked = cpu.samples.filter((s) => s.linkIndex);
+      assert.ok(linked.length > 0);
+      for (const s of linked) {
+        const link = dict.linkTable[s.linkIndex];
+        const spanId = link.spanId.toString('hex');
+        const span = [main.cpu, main.wait, worker.span].find((x) => x.spanId === spanId);
+        assert.ok(span, `link to an unknown span ${spanId}`);
+        assert.strictEqual(link.traceId.toString('hex'), span.traceId);
+        assert.strictEqual(attrs(s)['http.route'], span.route);
+        assert.strictEqual(attrs(s)['thread.id'], span === worker.span ? worker.tid : main.tid);
+        assert.strictEqual(s.values.length, s.timestampsUnixNano.length);
+      }
+      assert.ok(linked.some((s) => dict.linkTable[s.linkIndex].spanId.toString('hex') === worker.span.spanId));
+    }
+  });
+
+  await t.test('svg on SIGINT: whole-run and per-trace flame graphs are written', async () => {
+    const out = path.join(tmp, 'run.svg');
+    const r = await profile(['--duration', '60', '--format', 'svg', '-o', out], { signalAfterMs: 2000 });
+    assert.strictEqual(r.code, 0, r.stderr);
+    assert.match(r.stderr, /ended by signal 2/);
+    const whole = fs.readFileSync(out, 'utf8');
+    assert.match(whole, /<svg/);
+    assert.match(whole, new RegExp(`span ${main.cpu.spanId} http.route=/main/cpu`));
+    const perTrace = path.join(tmp, `run.${worker.span.traceId}.svg`);
+    assert.match(fs.readFileSync(perTrace, 'utf8'), new RegExp(`trace ${worker.span.traceId} \\(/worker/cpu\\)`));
+  });
+
+  await t.test('folded: a target that exits ends the profile normally', async () => {
+    const out = path.join(tmp, 'run.folded');
+    const running = profile(['--duration', '60', '--format', 'folded', '-o', out]);
+    await new Promise((resolve) => setTimeout(resolve, 1500));
+    service.kill('SIGKILL');
+    const r = await running;
+    assert.strictEqual(r.code, 0, r.stderr);
+    assert.match(r.stderr, new RegExp(`pid ${ids.pid} exited after`));
+    const lines = fs.readFileSync(out, 'utf8').trim().split('\n');
+    assert.ok(lines.some((l) => l.includes(`span ${worker.span.spanId} http.route=/worker/cpu;`)), lines.slice(0, 5).join('\n'));
+    assert.ok(lines.every((l) => /^[^;]+ \(\d+\);/.test(l) && / \d+$/.test(l)));
+  });
+});
+
+test('profile without privileges or target says why', { skip: READER === null ? 'the reader is not built' : false }, () => {
+  const r = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
+  assert.strictEqual(r.status, 2);
+  assert.match(r.stderr, /no kernel sampler|root, or with CAP_BPF and CAP_PERFMON|no such process/);
+});

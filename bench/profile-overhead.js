@@ -1,0 +1,110 @@
+'use strict';
+// The cost of `otel-thread-ctx profile` on its target: the CPU time a fixed
+// amount of traced work takes (main thread + one worker, spans entered with
+// the ProfilingContextManager, awaits between units) with and without the
+// profiler attached, in alternating rounds. Needs root and a reader built
+// with its BPF program.
+//
+//   node bench/profile-overhead.js [--rounds 3] [--units 400] [--hz 99] [--off-cpu]
+
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { spawn, spawnSync } = require('node:child_process');
+const { jsonLines } = require('../__test__/helpers');
+
+const ROOT = path.resolve(__dirname, '..');
+const READER = require('../js/native').readerPath();
+
+const WORKLOAD = `
+const { Worker, isMainThread, parentPort, workerData } = require('node:worker_threads');
+const { context, trace } = require(${JSON.stringify(require.resolve('@opentelemetry/api', { paths: [ROOT] }))});
+const { BasicTracerProvider } = require(${JSON.stringify(require.resolve('@opentelemetry/sdk-trace-base', { paths: [ROOT] }))});
+const { ProfilingContextManager } = require(${JSON.stringify(ROOT)});
+context.setGlobalContextManager(new ProfilingContextManager({ attributes: ['http.route'] }).enable());
+const tracer = new BasicTracerProvider().getTracer('overhead');
+const units = Number(process.env.UNITS);
+async function work() {
+  for (let i = 0; i < units; i++) {
+    const span = tracer.startSpan('unit', { attributes: { 'http.route': '/unit/' + (i % 8) } });
+    await context.with(trace.setSpan(context.active(), span), async () => {
+      let x = 0;
+      for (let j = 0; j < 200000; j++) x += Math.sqrt(j + x);
+      await new Promise((r) => setImmediate(r));
+      span.end();
+      return x;
+    });
+  }
+}
+if (isMainThread) {
+  console.log(JSON.stringify({ ready: process.pid }));
+  process.stdin.once('data', async () => {
+    const w = new Worker(__filename);
+    await Promise.all([work(), new Promise((r) => w.once('exit', r))]);
+    const { utime, stime } = require('node:fs').readFileSync('/proc/self/stat', 'utf8').split(') ')[1].split(' ').reduce((o, v, i) => (i === 11 ? { ...o, utime: Number(v) } : i === 12 ? { ...o, stime: Number(v) } : o), {});
+    console.log(JSON.stringify({ cpuTicks: utime + stime }));
+    process.exit(0);
+  });
+} else {
+  work();
+}
+`;
+
+function parseArgs(argv) {
+  const o = { rounds: 3, units: 400, hz: 99, offCpu: false };
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === '--rounds') o.rounds = Number(argv[++i]);
+    else if (argv[i] === '--units') o.units = Number(argv[++i]);
+    else if (argv[i] === '--hz') o.hz = Number(argv[++i]);
+    else if (argv[i] === '--off-cpu') o.offCpu = true;
+    else throw new Error(`unknown argument ${argv[i]}`);
+  }
+  return o;
+}
+
+// Workers need a file to run: the workload is written to a scratch one.
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-profile-overhead-'));
+const WORKLOAD_FILE = path.join(scratch, 'workload.js');
+fs.writeFileSync(WORKLOAD_FILE, WORKLOAD);
+process.on('exit', () => fs.rmSync(scratch, { recursive: true, force: true }));
+
+async function once(opts, profiled) {
+  const child = spawn(process.execPath, [WORKLOAD_FILE], { env: { ...process.env, UNITS: String(opts.units) }, stdio: ['pipe', 'pipe', 'inherit'] });
+  const { next } = jsonLines(child.stdout);
+  const { ready: pid } = await next('ready');
+  let profiler = null;
+  if (profiled) {
+    const args = ['profile', '--pid', String(pid), '--duration', '600', '--hz', String(opts.hz), '-o', '/dev/null'];
+    if (opts.offCpu) args.push('--off-cpu');
+    profiler = spawn(READER, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    // Let it attach before the work starts.
+    await new Promise((r) => setTimeout(r, 1000));
+  }
+  child.stdin.write('go\n');
+  const { cpuTicks } = await next('result', 600000);
+  if (profiler) await new Promise((r) => profiler.once('exit', r));
+  return cpuTicks / 100;
+}
+
+async function main() {
+  const opts = parseArgs(process.argv.slice(2));
+  const probe = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
+  if (process.getuid() !== 0 || /no kernel sampler/.test(probe.stderr)) {
+    console.log(`skipped: ${process.getuid() !== 0 ? 'needs root' : probe.stderr.trim()}`);
+    return;
+  }
+  const base = [];
+  const prof = [];
+  for (let r = 0; r < opts.rounds; r++) {
+    base.push(await once(opts, false));
+    prof.push(await once(opts, true));
+    console.log(`round ${r + 1}: target CPU ${base.at(-1).toFixed(2)} s without, ${prof.at(-1).toFixed(2)} s with profile at ${opts.hz} Hz${opts.offCpu ? ' --off-cpu' : ''}`);
+  }
+  const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+  console.log(`Node ${process.version}: median target CPU ${median(base).toFixed(2)} s without, ${median(prof).toFixed(2)} s with: ratio ${(median(prof) / median(base)).toFixed(3)}`);
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
+//
+// Kernel side of `otel-thread-ctx profile`: on-CPU samples from a perf event
+// per CPU, and off-CPU intervals from sched_switch, for the threads of one
+// process. Each sample carries the thread's OTEP 4947 record as read at that
+// instant, and the user and kernel stacks (frame-pointer unwinding).
+//
+// Userspace fills in the read-only globals before loading: which process,
+// and how to find a thread's `otel_thread_ctx_v1` from its thread pointer
+// (a static-TLS offset, or a DTV slot and offset).
+
+#include <stdbool.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+
+// The few kernel types read here, relocated against the running kernel's
+// BTF at load time (CO-RE), so no generated vmlinux.h is needed.
+struct thread_struct {
+	unsigned long fsbase;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	unsigned int __state;
+	int pid;
+	int tgid;
+	char comm[16];
+	struct thread_struct thread;
+} __attribute__((preserve_access_index));
+
+// Kernels before 5.14 name the state field `state`.
+struct task_struct___pre_5_14 {
+	long state;
+} __attribute__((preserve_access_index));
+
+#define RECORD_SIZE 640
+#define RECORD_HEADER 28
+#define MAX_ATTRS (RECORD_SIZE - RECORD_HEADER)
+#define MAX_FRAMES 127
+
+enum sample_kind { KIND_CPU = 0, KIND_OFF_CPU = 1 };
+
+enum record_status {
+	RECORD_READ = 0,          // header (and attrs when valid) copied
+	RECORD_NULL = 1,          // otel_thread_ctx_v1 is NULL
+	RECORD_NO_TLS_BLOCK = 2,  // the thread has no TLS block for the module yet
+	RECORD_UNREADABLE = 3,    // a pointer on the way could not be read
+};
+
+enum tls_mode { TLS_STATIC = 0, TLS_DTV = 1, TLS_NONE = 2 };
+
+// One sample as userspace receives it (laid out without implicit padding;
+// the Rust side decodes the same offsets).
+struct sample {
+	__u32 kind;
+	__u32 tid;
+	__u32 record_status;
+	__s32 user_stack_bytes;   // bpf_get_stack result: bytes, or a negative errno
+	__u64 time_ns;            // CLOCK_MONOTONIC (bpf_ktime_get_ns)
+	__u64 off_cpu_ns;         // off-CPU samples: time from switch-out to switch-in
+	__s32 kernel_stack_bytes;
+	__u32 cpu;
+	char comm[16];
+	__u8 record[RECORD_SIZE];
+	__u64 user_stack[MAX_FRAMES];
+	__u64 kernel_stack[MAX_FRAMES];
+};
+
+const volatile __u32 target_tgid = 0;
+const volatile __u32 tls_mode = TLS_STATIC;
+const volatile __s64 tls_tp_offset = 0;
+const volatile __u64 tls_module_id = 0;
+const volatile __u64 tls_module_offset = 0;
+const volatile __u64 tls_dtv_pointer_offset = 8;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 * 1024 * 1024);
+} samples SEC(".maps");
+
+// Switch-out state of each blocked thread until it is switched back in.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct sample);
+} blocked SEC(".maps");
+
+// Staging space: a sample is far larger than the BPF stack.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sample);
+} scratch SEC(".maps");
+
+enum counter { LOST_RING_FULL = 0, LOST_BLOCKED_FULL = 1, COUNTERS = 2 };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, COUNTERS);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+static __always_inline void count(__u32 which)
+{
+	__u64 *c = bpf_map_lookup_elem(&counters, &which);
+	if (c)
+		*c += 1;
+}
+
+// Follows the thread pointer to the record and copies it: the 28-byte
+// header, then attrs_data only when the record is valid.
+static __always_inline __u32 read_record(struct task_struct *task, __u8 *dst)
+{
+	if (tls_mode == TLS_NONE)
+		return RECORD_NULL;
+	__u64 tp = BPF_CORE_READ(task, thread.fsbase);
+	__u64 variable;
+	if (tls_mode == TLS_STATIC) {
+		variable = tp + tls_tp_offset;
+	} else {
+		__u64 dtv = 0, slots = 0, block = 0;
+		if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + tls_dtv_pointer_offset)) || !dtv)
+			return RECORD_UNREADABLE;
+		// dtv[-1] holds the slot count; entries are { pointer, to_free }.
+		if (bpf_probe_read_user(&slots, sizeof(slots), (void *)(dtv - 16)))
+			return RECORD_UNREADABLE;
+		if (tls_module_id > slots)
+			return RECORD_NO_TLS_BLOCK;
+		if (bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + tls_module_id * 16)))
+			return RECORD_UNREADABLE;
+		if (block == 0 || block == (__u64)-1)
+			return RECORD_NO_TLS_BLOCK;
+		variable = block + tls_module_offset;
+	}
+	__u64 record = 0;
+	if (bpf_probe_read_user(&record, sizeof(record), (void *)variable))
+		return RECORD_UNREADABLE;
+	if (!record)
+		return RECORD_NULL;
+	if (bpf_probe_read_user(dst, RECORD_HEADER, (void *)record))
+		return RECORD_UNREADABLE;
+	if (dst[24] != 1)
+		return RECORD_READ;
+	__u32 attrs = *(__u16 *)(dst + 26);
+	if (attrs > MAX_ATTRS)
+		attrs = MAX_ATTRS;
+	if (attrs && bpf_probe_read_user(dst + RECORD_HEADER, attrs, (void *)(record + RECORD_HEADER)))
+		return RECORD_UNREADABLE;
+	return RECORD_READ;
+}
+
+static __always_inline void fill(void *ctx, struct sample *s, struct task_struct *task, __u32 kind)
+{
+	s->kind = kind;
+	s->tid = BPF_CORE_READ(task, pid);
+	s->time_ns = bpf_ktime_get_ns();
+	s->off_cpu_ns = 0;
+	s->cpu = bpf_get_smp_processor_id();
+	BPF_CORE_READ_STR_INTO(&s->comm, task, comm);
+	s->record[24] = 0;
+	s->record_status = read_record(task, s->record);
+	s->user_stack_bytes = bpf_get_stack(ctx, s->user_stack, sizeof(s->user_stack), BPF_F_USER_STACK);
+	s->kernel_stack_bytes = bpf_get_stack(ctx, s->kernel_stack, sizeof(s->kernel_stack), 0);
+}
+
+SEC("perf_event")
+int on_cpu(void *ctx)
+{
+	if (bpf_get_current_pid_tgid() >> 32 != target_tgid)
+		return 0;
+	struct sample *s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
+	if (!s) {
+		count(LOST_RING_FULL);
+		return 0;
+	}
+	fill(ctx, s, (struct task_struct *)bpf_get_current_task(), KIND_CPU);
+	bpf_ringbuf_submit(s, 0);
+	return 0;
+}
+
+static __always_inline int still_runnable(struct task_struct *task)
+{
+	if (bpf_core_field_exists(task->__state))
+		return BPF_CORE_READ(task, __state) == 0;
+	struct task_struct___pre_5_14 *old = (void *)task;
+	return BPF_CORE_READ(old, state) == 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(off_cpu, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	__u32 zero = 0;
+	// Switch-out of a target thread that waits (not one merely preempted):
+	// its stack and record now, the time when it comes back.
+	if (BPF_CORE_READ(prev, tgid) == target_tgid && !still_runnable(prev)) {
+		struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
+		if (s) {
+			fill(ctx, s, prev, KIND_OFF_CPU);
+			__u32 tid = s->tid;
+			if (bpf_map_update_elem(&blocked, &tid, s, BPF_ANY))
+				count(LOST_BLOCKED_FULL);
+		}
+	}
+	if (BPF_CORE_READ(next, tgid) == target_tgid) {
+		__u32 tid = BPF_CORE_READ(next, pid);
+		struct sample *s = bpf_map_lookup_elem(&blocked, &tid);
+		if (s) {
+			s->off_cpu_ns = bpf_ktime_get_ns() - s->time_ns;
+			if (bpf_ringbuf_output(&samples, s, sizeof(*s), 0))
+				count(LOST_RING_FULL);
+			bpf_map_delete_elem(&blocked, &tid);
+		}
+	}
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,88 @@
+//! `--format jsonl`: one JSON object per sample, as the kernel side saw it.
+
+use serde_json::{json, Map, Value};
+
+use super::kernel::{Kind, RecordRead, Sample};
+use super::symbolize::Names;
+use crate::record::{self, hex};
+
+/// The system call a kernel stack is in, from its `__x64_sys_<name>` frame.
+fn syscall(s: &Sample, names: &Names) -> Option<String> {
+    s.kernel_stack.iter().find_map(|a| {
+        let name = &names.kernel.get(a)?.name;
+        name.strip_prefix("__x64_sys_")
+            .or_else(|| name.strip_prefix("__arm64_sys_"))
+            .or_else(|| name.strip_prefix("__se_sys_"))
+            .map(str::to_string)
+    })
+}
+
+/// The line of one sample. `t_ns` is CLOCK_MONOTONIC (on CPU: the tick;
+/// off CPU: the switch-out, and `off_cpu_ns` later the thread ran again);
+/// `syscall` names the system call the thread was in, when it was in one.
+pub fn line(s: &Sample, key_map: &[String], names: &Names) -> String {
+    let mut o = Map::new();
+    o.insert("kind".into(), json!(if s.kind == Kind::OnCpu { "cpu" } else { "off_cpu" }));
+    o.insert("tid".into(), json!(s.tid));
+    o.insert("t_ns".into(), json!(s.time_ns));
+    if s.kind == Kind::OffCpu {
+        o.insert("off_cpu_ns".into(), json!(s.off_cpu_ns));
+    }
+    if let Some(call) = syscall(s, names) {
+        o.insert("syscall".into(), json!(call));
+    }
+    let status = match &s.record {
+        RecordRead::Record { .. } => "read",
+        RecordRead::Null => "null",
+        RecordRead::NoTlsBlock => "no-tls-block",
+        RecordRead::Unreadable => "unreadable",
+    };
+    o.insert("record".into(), json!(status));
+    let valid = s.record.valid();
+    o.insert("valid".into(), json!(valid.is_some()));
+    if let Some((h, attrs_data)) = valid {
+        o.insert("trace_id".into(), json!(hex(&h.trace_id)));
+        o.insert("span_id".into(), json!(hex(&h.span_id)));
+        o.insert("trace_flags".into(), json!(h.trace_flags));
+        let attrs: Map<String, Value> = record::decode_attributes(attrs_data)
+            .entries
+            .into_iter()
+            .map(|a| {
+                let key = key_map.get(a.key_index as usize).cloned().unwrap_or_else(|| format!("attr.{}", a.key_index));
+                (key, json!(String::from_utf8_lossy(&a.value)))
+            })
+            .collect();
+        o.insert("attributes".into(), Value::Object(attrs));
+    }
+    Value::Object(o).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::model::tests::{record, sample};
+
+    #[test]
+    fn lines_carry_time_span_and_named_attributes() {
+        let on = sample(Kind::OnCpu, 3, record(7, &[0, 2, b'/', b'a']), &[], 0);
+        let v: Value = serde_json::from_str(&line(&on, &["http.route".into()], &Names::default())).unwrap();
+        assert_eq!(v["kind"], "cpu");
+        assert_eq!(v["tid"], 3);
+        assert_eq!(v["t_ns"], 1_000);
+        assert_eq!(v["valid"], true);
+        assert_eq!(v["span_id"], "0707070707070707");
+        assert_eq!(v["attributes"]["http.route"], "/a");
+        assert!(v.get("off_cpu_ns").is_none());
+        assert!(v.get("syscall").is_none());
+        let off = sample(Kind::OffCpu, 3, RecordRead::Null, &[], 42);
+        let mut names = Names::default();
+        let frame = |name: &str| crate::profile::symbolize::Frame { name: name.into(), module: "[kernel]".into() };
+        names.kernel.insert(0xffff_ffff_a000_0000, frame("schedule"));
+        names.kernel.insert(0xffff_ffff_a000_0010, frame("__x64_sys_epoll_pwait"));
+        let v: Value = serde_json::from_str(&line(&off, &[], &names)).unwrap();
+        assert_eq!(v["syscall"], "epoll_pwait");
+        assert_eq!((v["kind"].as_str(), v["off_cpu_ns"].as_u64(), v["valid"].as_bool()), (Some("off_cpu"), Some(42), Some(false)));
+        assert_eq!(v["record"], "null");
+        assert!(v.get("span_id").is_none());
+    }
+}

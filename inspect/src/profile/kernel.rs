@@ -1,0 +1,394 @@
+//! The kernel side of `profile`: loads the BPF program (built from
+//! `bpf/profile.bpf.c` by build.rs when clang was there), attaches it, and
+//! decodes the samples it sends through its ring buffer.
+
+use crate::record::{self, Header, HEADER_SIZE};
+use crate::tls::Plan;
+
+/// Frames per stack the program copies (its `MAX_FRAMES`).
+pub const MAX_FRAMES: usize = 127;
+const RECORD_SIZE: usize = 640;
+
+/// Offsets of `struct sample` in profile.bpf.c.
+mod layout {
+    pub const KIND: usize = 0;
+    pub const TID: usize = 4;
+    pub const RECORD_STATUS: usize = 8;
+    pub const USER_STACK_BYTES: usize = 12;
+    pub const TIME_NS: usize = 16;
+    pub const OFF_CPU_NS: usize = 24;
+    pub const KERNEL_STACK_BYTES: usize = 32;
+    pub const COMM: usize = 40;
+    pub const RECORD: usize = 56;
+    pub const USER_STACK: usize = RECORD + super::RECORD_SIZE;
+    pub const KERNEL_STACK: usize = USER_STACK + 8 * super::MAX_FRAMES;
+    pub const SIZE: usize = KERNEL_STACK + 8 * super::MAX_FRAMES;
+}
+
+/// Size in bytes of one sample from the program.
+pub const SAMPLE_SIZE: usize = layout::SIZE;
+
+/// What the program found behind the thread's `otel_thread_ctx_v1`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordRead {
+    /// The record: its header, and attrs_data when valid.
+    Record { header: Header, attrs_data: Vec<u8> },
+    /// The pointer is NULL.
+    Null,
+    /// The thread has no TLS block for the defining module yet.
+    NoTlsBlock,
+    /// A pointer on the way could not be read.
+    Unreadable,
+}
+
+impl RecordRead {
+    /// The record when it is valid (the thread was in a span).
+    pub fn valid(&self) -> Option<(&Header, &[u8])> {
+        match self {
+            RecordRead::Record { header, attrs_data } if header.is_valid() => {
+                Some((header, attrs_data))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A perf-event tick while the thread ran.
+    OnCpu,
+    /// A wait: switch-out (stack, record) to switch-in (duration).
+    OffCpu,
+}
+
+/// One decoded sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    pub kind: Kind,
+    pub tid: u32,
+    pub comm: String,
+    /// CLOCK_MONOTONIC nanoseconds (on-CPU: the tick; off-CPU: the switch-out).
+    pub time_ns: u64,
+    /// Off-CPU samples: nanoseconds until the thread ran again.
+    pub off_cpu_ns: u64,
+    pub record: RecordRead,
+    /// Return addresses, leaf first.
+    pub user_stack: Vec<u64>,
+    pub kernel_stack: Vec<u64>,
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_ne_bytes(b[o..o + 4].try_into().unwrap())
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_ne_bytes(b[o..o + 8].try_into().unwrap())
+}
+
+fn stack(b: &[u8], at: usize, bytes: i32) -> Vec<u64> {
+    // A negative count is an error from bpf_get_stack: no frames.
+    let frames = (bytes.max(0) as usize / 8).min(MAX_FRAMES);
+    (0..frames)
+        .map(|i| u64_at(b, at + 8 * i))
+        .take_while(|&a| a != 0)
+        .collect()
+}
+
+/// Decodes one ring-buffer item; `None` when it is not a whole sample.
+pub fn decode(b: &[u8]) -> Option<Sample> {
+    if b.len() < SAMPLE_SIZE {
+        return None;
+    }
+    let kind = match u32_at(b, layout::KIND) {
+        0 => Kind::OnCpu,
+        1 => Kind::OffCpu,
+        _ => return None,
+    };
+    let comm = &b[layout::COMM..layout::COMM + 16];
+    let comm_len = comm.iter().position(|&c| c == 0).unwrap_or(16);
+    let record = match u32_at(b, layout::RECORD_STATUS) {
+        0 => {
+            let bytes = &b[layout::RECORD..layout::RECORD + RECORD_SIZE];
+            let header = Header::parse(bytes[..HEADER_SIZE].try_into().unwrap());
+            let attrs_data = if header.is_valid() {
+                let n = (header.attrs_data_size as usize).min(record::MAX_ATTRS_DATA);
+                bytes[HEADER_SIZE..HEADER_SIZE + n].to_vec()
+            } else {
+                Vec::new()
+            };
+            RecordRead::Record { header, attrs_data }
+        }
+        1 => RecordRead::Null,
+        2 => RecordRead::NoTlsBlock,
+        _ => RecordRead::Unreadable,
+    };
+    Some(Sample {
+        kind,
+        tid: u32_at(b, layout::TID),
+        comm: String::from_utf8_lossy(&comm[..comm_len]).into_owned(),
+        time_ns: u64_at(b, layout::TIME_NS),
+        off_cpu_ns: u64_at(b, layout::OFF_CPU_NS),
+        record,
+        user_stack: stack(b, layout::USER_STACK, u32_at(b, layout::USER_STACK_BYTES) as i32),
+        kernel_stack: stack(b, layout::KERNEL_STACK, u32_at(b, layout::KERNEL_STACK_BYTES) as i32),
+    })
+}
+
+/// The program's read-only globals for a target: its pid and how a thread
+/// pointer leads to `otel_thread_ctx_v1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Globals {
+    pub tgid: u32,
+    pub tls_mode: u32,
+    pub tp_offset: i64,
+    pub module_id: u64,
+    pub module_offset: u64,
+    pub dtv_pointer_offset: u64,
+}
+
+/// `tls_mode` for a process whose thread context cannot be resolved: every
+/// sample then says "no record".
+const TLS_NONE: u32 = 2;
+
+impl Globals {
+    pub fn new(tgid: u32, plan: Option<&Plan>, dtv_pointer_offset: u64) -> Globals {
+        let mut g = Globals {
+            tgid,
+            tls_mode: TLS_NONE,
+            tp_offset: 0,
+            module_id: 0,
+            module_offset: 0,
+            dtv_pointer_offset,
+        };
+        match plan {
+            Some(&Plan::Static { tp_offset }) => {
+                g.tls_mode = 0;
+                g.tp_offset = tp_offset;
+            }
+            Some(&Plan::Dtv { module_id, offset }) => {
+                g.tls_mode = 1;
+                g.module_id = module_id;
+                g.module_offset = offset;
+            }
+            None => {}
+        }
+        g
+    }
+}
+
+/// Why the kernel side is not available in this build, if it is not.
+pub fn unavailable() -> Option<&'static str> {
+    #[cfg(profile_bpf)]
+    return None;
+    #[cfg(not(profile_bpf))]
+    return Some(env!("PROFILE_BPF_UNAVAILABLE"));
+}
+
+#[cfg(profile_bpf)]
+pub use loaded::Loaded;
+
+#[cfg(profile_bpf)]
+mod loaded {
+    use std::os::fd::{AsFd, AsRawFd};
+    use std::time::Duration;
+
+    use aya::maps::{MapData, PerCpuArray, RingBuf};
+    use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+    use aya::programs::{BtfTracePoint, PerfEvent};
+    use aya::{Btf, Ebpf, EbpfLoader};
+
+    use super::{decode, Globals, Sample};
+
+    static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profile.bpf.o"));
+
+    /// The attached program and its ring buffer.
+    pub struct Loaded {
+        ring: RingBuf<MapData>,
+        counters: PerCpuArray<MapData, u64>,
+        // Holds the programs and links: dropping it detaches everything.
+        _ebpf: Ebpf,
+    }
+
+    /// Counts of samples the kernel side had to drop.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Lost {
+        pub ring_full: u64,
+        pub blocked_table_full: u64,
+    }
+
+    impl Loaded {
+        /// Loads the program for `globals`, attaches a perf event per online
+        /// CPU at `hz`, and sched_switch when `off_cpu`.
+        pub fn attach(globals: &Globals, hz: u64, off_cpu: bool) -> Result<Loaded, String> {
+            let mut loader = EbpfLoader::new();
+            loader
+                .override_global("target_tgid", &globals.tgid, true)
+                .override_global("tls_mode", &globals.tls_mode, true)
+                .override_global("tls_tp_offset", &globals.tp_offset, true)
+                .override_global("tls_module_id", &globals.module_id, true)
+                .override_global("tls_module_offset", &globals.module_offset, true)
+                .override_global("tls_dtv_pointer_offset", &globals.dtv_pointer_offset, true);
+            let mut ebpf = loader.load(OBJECT).map_err(|e| explain("loading the BPF object", &e))?;
+            let prog: &mut PerfEvent = ebpf
+                .program_mut("on_cpu")
+                .ok_or("the BPF object has no on_cpu program")?
+                .try_into()
+                .map_err(|e| format!("on_cpu: {e}"))?;
+            prog.load().map_err(|e| explain("loading the on-CPU program", &e))?;
+            let cpus = aya::util::online_cpus().map_err(|(_, e)| format!("listing online CPUs: {e}"))?;
+            for cpu in cpus {
+                prog.attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(hz),
+                    false,
+                )
+                .map_err(|e| explain(&format!("attaching the perf event of CPU {cpu}"), &e))?;
+            }
+            if off_cpu {
+                let btf = Btf::from_sys_fs().map_err(|e| {
+                    format!("--off-cpu needs the kernel's BTF (/sys/kernel/btf/vmlinux): {e}")
+                })?;
+                let prog: &mut BtfTracePoint = ebpf
+                    .program_mut("off_cpu")
+                    .ok_or("the BPF object has no off_cpu program")?
+                    .try_into()
+                    .map_err(|e| format!("off_cpu: {e}"))?;
+                prog.load("sched_switch", &btf)
+                    .map_err(|e| explain("loading the sched_switch program", &e))?;
+                prog.attach().map_err(|e| explain("attaching to sched_switch", &e))?;
+            }
+            let ring = RingBuf::try_from(ebpf.take_map("samples").ok_or("no samples map")?)
+                .map_err(|e| format!("samples map: {e}"))?;
+            let counters = PerCpuArray::try_from(ebpf.take_map("counters").ok_or("no counters map")?)
+                .map_err(|e| format!("counters map: {e}"))?;
+            Ok(Loaded { ring, counters, _ebpf: ebpf })
+        }
+
+        /// Waits up to `timeout` for samples, then hands every pending one
+        /// to `each`.
+        pub fn poll(&mut self, timeout: Duration, mut each: impl FnMut(Sample)) {
+            let mut fds = libc::pollfd {
+                fd: self.ring.as_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; EINTR (a signal) just returns early.
+            unsafe { libc::poll(&mut fds, 1, timeout.as_millis() as libc::c_int) };
+            while let Some(item) = self.ring.next() {
+                if let Some(s) = decode(&item) {
+                    each(s);
+                }
+            }
+        }
+
+        /// What the kernel side dropped so far, summed over CPUs.
+        pub fn lost(&self) -> Lost {
+            let sum = |i: u32| {
+                self.counters
+                    .get(&i, 0)
+                    .map(|per_cpu| per_cpu.iter().sum())
+                    .unwrap_or(0)
+            };
+            Lost { ring_full: sum(0), blocked_table_full: sum(1) }
+        }
+    }
+
+    /// Turns a permission failure into the advice a user needs.
+    fn explain(what: &str, e: &dyn std::error::Error) -> String {
+        let mut text = format!("{what}: {e}");
+        let mut source = e.source();
+        while let Some(s) = source {
+            text.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        if text.contains("Operation not permitted") || text.contains("Permission denied") {
+            text.push_str(" (profile needs root, or CAP_BPF and CAP_PERFMON)");
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_bytes(kind: u32, status: u32, record: &[u8], user: &[u64], kernel: &[u64]) -> Vec<u8> {
+        let mut b = vec![0u8; SAMPLE_SIZE];
+        b[layout::KIND..][..4].copy_from_slice(&kind.to_ne_bytes());
+        b[layout::TID..][..4].copy_from_slice(&4242u32.to_ne_bytes());
+        b[layout::RECORD_STATUS..][..4].copy_from_slice(&status.to_ne_bytes());
+        b[layout::USER_STACK_BYTES..][..4].copy_from_slice(&((user.len() * 8) as i32).to_ne_bytes());
+        b[layout::KERNEL_STACK_BYTES..][..4].copy_from_slice(&((kernel.len() * 8) as i32).to_ne_bytes());
+        b[layout::TIME_NS..][..8].copy_from_slice(&7u64.to_ne_bytes());
+        b[layout::OFF_CPU_NS..][..8].copy_from_slice(&1_500u64.to_ne_bytes());
+        b[layout::COMM..][..4].copy_from_slice(b"node");
+        b[layout::RECORD..][..record.len()].copy_from_slice(record);
+        for (i, a) in user.iter().enumerate() {
+            b[layout::USER_STACK + 8 * i..][..8].copy_from_slice(&a.to_ne_bytes());
+        }
+        for (i, a) in kernel.iter().enumerate() {
+            b[layout::KERNEL_STACK + 8 * i..][..8].copy_from_slice(&a.to_ne_bytes());
+        }
+        b
+    }
+
+    fn record(valid: u8, attrs: &[u8]) -> Vec<u8> {
+        let mut r: Vec<u8> = (1..=24).collect();
+        r.push(valid);
+        r.push(1);
+        r.extend_from_slice(&(attrs.len() as u16).to_ne_bytes());
+        r.extend_from_slice(attrs);
+        r
+    }
+
+    #[test]
+    fn layout_matches_the_c_struct() {
+        // struct sample: 56 bytes of fields, the 640-byte record, two stacks.
+        assert_eq!(SAMPLE_SIZE, 56 + 640 + 2 * 8 * 127);
+        assert_eq!(SAMPLE_SIZE % 8, 0);
+    }
+
+    #[test]
+    fn decodes_a_valid_record_with_its_attrs_and_stacks() {
+        let attrs = [0, 2, b'/', b'a'];
+        let s = decode(&sample_bytes(1, 0, &record(1, &attrs), &[0x10, 0x20], &[0xffff_0001])).unwrap();
+        assert_eq!(s.kind, Kind::OffCpu);
+        assert_eq!(s.tid, 4242);
+        assert_eq!(s.comm, "node");
+        assert_eq!(s.off_cpu_ns, 1_500);
+        assert_eq!(s.user_stack, vec![0x10, 0x20]);
+        assert_eq!(s.kernel_stack, vec![0xffff_0001]);
+        let (h, a) = s.record.valid().unwrap();
+        assert_eq!(crate::record::hex(&h.span_id), "1112131415161718");
+        assert_eq!(a, attrs);
+    }
+
+    #[test]
+    fn invalid_or_missing_records_are_not_spans() {
+        let s = decode(&sample_bytes(0, 0, &record(0, &[1, 1, 1]), &[], &[])).unwrap();
+        assert_eq!(s.kind, Kind::OnCpu);
+        assert!(s.record.valid().is_none());
+        assert_eq!(decode(&sample_bytes(0, 1, &[], &[], &[])).unwrap().record, RecordRead::Null);
+        assert_eq!(decode(&sample_bytes(0, 2, &[], &[], &[])).unwrap().record, RecordRead::NoTlsBlock);
+        assert_eq!(decode(&sample_bytes(0, 3, &[], &[], &[])).unwrap().record, RecordRead::Unreadable);
+        assert!(decode(&sample_bytes(9, 0, &[], &[], &[])).is_none());
+        assert!(decode(&[0u8; 16]).is_none());
+    }
+
+    #[test]
+    fn a_failed_stack_walk_has_no_frames() {
+        let mut b = sample_bytes(0, 1, &[], &[0x10], &[]);
+        b[layout::USER_STACK_BYTES..][..4].copy_from_slice(&(-14i32).to_ne_bytes());
+        assert!(decode(&b).unwrap().user_stack.is_empty());
+    }
+
+    #[test]
+    fn globals_follow_the_resolution_plan() {
+        let g = Globals::new(9, Some(&Plan::Static { tp_offset: -440 }), 8);
+        assert_eq!((g.tls_mode, g.tp_offset), (0, -440));
+        let g = Globals::new(9, Some(&Plan::Dtv { module_id: 3, offset: 0x18 }), 8);
+        assert_eq!((g.tls_mode, g.module_id, g.module_offset), (1, 3, 0x18));
+        assert_eq!(Globals::new(9, None, 8).tls_mode, TLS_NONE);
+    }
+}

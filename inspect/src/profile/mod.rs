@@ -1,0 +1,383 @@
+//! `profile`: trace-linked CPU and off-CPU profiles sampled in the kernel.
+//!
+//! A BPF program takes the samples (a perf event per CPU; sched_switch for
+//! off-CPU time) and reads the sampled thread's OTEP 4947 record at that
+//! instant, found the way [`crate::tls`] resolved it for the process. This
+//! side decodes the samples, names the frames, and writes pprof, OTLP,
+//! folded stacks or flame graphs.
+
+// Without the BPF program only the output side is built (and unit-tested).
+#![cfg_attr(not(profile_bpf), allow(dead_code, unused_imports))]
+
+pub mod flame;
+pub mod jsonl;
+pub mod kernel;
+pub mod model;
+pub mod otlp;
+pub mod perf_map;
+pub mod pprof;
+pub mod symbolize;
+
+#[cfg(profile_bpf)]
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+#[cfg(profile_bpf)]
+use std::time::Instant;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use otel_thread_ctx_otlp::{AnyValue, KeyValue, Resource};
+
+use crate::process_context::{self, Lookup};
+use crate::target::{Fatal, Target};
+use crate::thread;
+
+/// Output formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// gzipped profile.proto, for `go tool pprof`, speedscope, ...
+    Pprof,
+    /// OTLP Profiles (ProfilesData, protobuf).
+    Otlp,
+    /// Folded stacks (`a;b;c value`), whole run plus one file per trace.
+    Folded,
+    /// Flame graph SVGs, whole run plus one per trace.
+    Svg,
+    /// One JSON line per sample, in time order, with CLOCK_MONOTONIC times
+    /// and the record as read (no stacks): for scripts and scoring.
+    Jsonl,
+}
+
+impl Format {
+    fn extension(self) -> &'static str {
+        match self {
+            Format::Pprof => "pb.gz",
+            Format::Otlp => "otlp.pb",
+            Format::Folded => "folded",
+            Format::Svg => "svg",
+            Format::Jsonl => "jsonl",
+        }
+    }
+}
+
+pub struct Options {
+    pub pid: i32,
+    pub duration: Duration,
+    pub hz: u64,
+    pub off_cpu: bool,
+    pub format: Format,
+    pub output: Option<PathBuf>,
+    pub otlp_endpoint: Option<String>,
+    /// Per-trace flame graphs or folded files written at most.
+    pub max_traces: usize,
+}
+
+/// What the command prints when it is done.
+pub struct Report {
+    pub lines: Vec<String>,
+}
+
+/// `CAP_SYS_ADMIN`, `CAP_PERFMON`, `CAP_BPF`.
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Whether this process may load tracing BPF programs and open system-wide
+/// perf events: root's capabilities, or CAP_BPF with CAP_PERFMON.
+fn privileged() -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    let Some(caps) = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    else {
+        return false;
+    };
+    let has = |bit: u32| caps & (1 << bit) != 0;
+    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
+fn unix_now_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The process context's Resource (as published) and key map, if any.
+fn process_context(maps: &[crate::maps::Mapping], memory: &dyn crate::memory::Memory) -> (Option<Resource>, Vec<String>) {
+    let key_map = match process_context::lookup(maps, memory) {
+        Lookup::Found(d) => d.attribute_key_map.clone().unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let resource = maps
+        .iter()
+        .filter(|m| process_context::MAPPING_NAMES.contains(&m.name()))
+        .find_map(|m| process_context::read_consistent(memory, m.start).ok())
+        .and_then(|(_, payload)| process_context::decode(&payload).ok())
+        .and_then(|ctx| ctx.resource);
+    (resource, key_map)
+}
+
+/// Re-reads the process context of a live process; `None` when it is gone
+/// or publishes none.
+fn current_process_context(pid: i32) -> Option<(Option<Resource>, Vec<String>)> {
+    let maps = crate::maps::read(pid).ok()?;
+    let (_, memory) = crate::target::open_memory(pid).ok()?;
+    let found = process_context(&maps, &memory);
+    (found.0.is_some() || !found.1.is_empty()).then_some(found)
+}
+
+/// Runs the profile and writes its output.
+pub fn run(opts: &Options) -> Result<Report, Fatal> {
+    if let Some(reason) = kernel::unavailable() {
+        return Err(Fatal(format!(
+            "this build has no kernel sampler: {reason}. To get profile, install clang and libbpf's headers (Debian: apt-get install clang libbpf-dev), then rebuild (npm install, or cargo build --release)"
+        )));
+    }
+    if !privileged() {
+        return Err(Fatal(
+            "profile loads BPF programs and opens a perf event on every CPU: run it as root, or with CAP_BPF and CAP_PERFMON (e.g. setcap cap_bpf,cap_perfmon+ep on the binary)".into(),
+        ));
+    }
+    let target = Target::open(opts.pid)?;
+    let mut lines = Vec::new();
+    let plan = match &target.resolution {
+        Some(Ok(r)) => {
+            lines.push(format!("thread context: {} ({})", r.path, target.module.as_ref().map_or("", |m| m.path.as_str())));
+            Some(r.plan)
+        }
+        Some(Err(e)) => {
+            lines.push(format!("thread context: unreadable ({e}); samples carry no span"));
+            None
+        }
+        None => {
+            lines.push("thread context: no module defines otel_thread_ctx_v1; samples carry no span".into());
+            None
+        }
+    };
+    let globals = kernel::Globals::new(opts.pid as u32, plan.as_ref(), crate::tls::HOST.dtv_pointer_offset);
+    sample(opts, target, globals, lines)
+}
+
+#[cfg(not(profile_bpf))]
+fn sample(_: &Options, _: Target, _: kernel::Globals, _: Vec<String>) -> Result<Report, Fatal> {
+    unreachable!("kernel::unavailable() is Some without the BPF program")
+}
+
+#[cfg(profile_bpf)]
+fn sample(opts: &Options, target: Target, globals: kernel::Globals, mut lines: Vec<String>) -> Result<Report, Fatal> {
+    let pid = opts.pid;
+    let mut loaded = kernel::Loaded::attach(&globals, opts.hz, opts.off_cpu).map_err(Fatal)?;
+    let start_monotonic_ns = thread::monotonic_ns();
+    let start_unix_ns = unix_now_ns();
+    let started = Instant::now();
+    let mut collector = symbolize::Collector::new(pid, target.maps.clone());
+    let mut samples = Vec::new();
+    let mut thread_names: HashMap<u32, String> = HashMap::new();
+    let mut names_refreshed = Instant::now() - Duration::from_secs(1);
+    let mut target_exited = false;
+    let mut context = process_context(&target.maps, &target.memory);
+    let mut take = |s: kernel::Sample, collector: &mut symbolize::Collector| {
+        for (i, &a) in s.user_stack.iter().enumerate() {
+            collector.user(model::lookup_address(i, a));
+        }
+        for &a in &s.kernel_stack {
+            collector.kernel(a);
+        }
+        samples.push(s);
+    };
+    loop {
+        if crate::signals::requested().is_some() || started.elapsed() >= opts.duration {
+            break;
+        }
+        if names_refreshed.elapsed() >= Duration::from_millis(500) {
+            // Names as /proc shows them (the BPF side only has comm, which
+            // is the same text; this also catches names set later).
+            for tid in thread::list(pid) {
+                let name = thread::name(pid, tid);
+                if !name.is_empty() {
+                    thread_names.insert(tid as u32, name);
+                }
+            }
+            names_refreshed = Instant::now();
+            // The key map only grows: the latest one names every index seen.
+            if let Some(found) = current_process_context(pid) {
+                context = found;
+            }
+            if thread::process_exited(pid) {
+                target_exited = true;
+                break;
+            }
+        }
+        let left = opts.duration.saturating_sub(started.elapsed()).min(Duration::from_millis(100));
+        loaded.poll(left, |s| take(s, &mut collector));
+    }
+    loaded.poll(Duration::ZERO, |s| take(s, &mut collector));
+    let lost = loaded.lost();
+    drop(loaded);
+    let duration_ns = started.elapsed().as_nanos() as u64;
+    if !target_exited {
+        if let Some(found) = current_process_context(pid) {
+            context = found;
+        }
+    }
+    let (resource, key_map) = context;
+    let names = collector.finish();
+    let base = model::Profile {
+        pid,
+        hz: opts.hz,
+        off_cpu: opts.off_cpu,
+        period_ns: 1_000_000_000 / opts.hz.max(1),
+        start_monotonic_ns,
+        start_unix_ns,
+        duration_ns,
+        entries: Vec::new(),
+    };
+    let profile = model::build(base, &samples, &names, &key_map, &thread_names);
+    let mut notes = Vec::new();
+    match &names.perf_map {
+        Some(path) => notes.push(format!("JavaScript frames named from {path}")),
+        None if names.anonymous_frames > 0 => notes.push(format!(
+            "no perf map at {}: {} JIT addresses stay unnamed (start node with --perf-basic-prof to name JavaScript frames)",
+            perf_map::path(pid).display(),
+            names.anonymous_frames
+        )),
+        None => {}
+    }
+    if lost.ring_full + lost.blocked_table_full > 0 {
+        notes.push(format!(
+            "the kernel side dropped {} samples (ring buffer full) and {} waits (too many blocked threads)",
+            lost.ring_full, lost.blocked_table_full
+        ));
+    }
+    let in_span = profile
+        .entries
+        .iter()
+        .filter(|e| e.kind == kernel::Kind::OnCpu && e.span.is_some())
+        .map(|e| e.events.len() as u64)
+        .sum::<u64>();
+    lines.push(format!(
+        "profiled pid {pid} for {:.2} s at {} Hz: {} on-CPU samples ({in_span} in a span) from {} threads{}",
+        duration_ns as f64 / 1e9,
+        opts.hz,
+        profile.on_cpu_samples(),
+        profile.entries.iter().map(|e| e.tid).collect::<std::collections::HashSet<_>>().len(),
+        if opts.off_cpu { format!(", {:.3} s off CPU", profile.off_cpu_ns() as f64 / 1e9) } else { String::new() }
+    ));
+    if target_exited {
+        lines.push(format!("pid {pid} exited after {:.2} s; the profile covers the run until then", duration_ns as f64 / 1e9));
+    }
+    let resource = with_pid(resource, pid);
+    let output = opts
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("profile-{pid}.{}", opts.format.extension())));
+    if opts.format == Format::Jsonl {
+        let mut text = String::new();
+        let mut sorted: Vec<&kernel::Sample> = samples.iter().collect();
+        sorted.sort_by_key(|s| s.time_ns);
+        for s in sorted {
+            text.push_str(&jsonl::line(s, &key_map, &names));
+            text.push('\n');
+        }
+        std::fs::write(&output, text).map_err(|e| Fatal(format!("cannot write {}: {e}", output.display())))?;
+        lines.push(format!("wrote {}", output.display()));
+    } else {
+        write(opts, &profile, &resource, &notes, &output, &mut lines)?;
+    }
+    if let Some(endpoint) = &opts.otlp_endpoint {
+        let status = otlp::send(endpoint, &otlp::request(&profile, resource.clone())).map_err(Fatal)?;
+        lines.push(format!("sent OTLP profiles to {endpoint}: {status}"));
+    }
+    lines.extend(notes);
+    if let Some(sig) = crate::signals::requested() {
+        lines.push(format!("ended by signal {sig}"));
+    }
+    Ok(Report { lines })
+}
+
+/// The Resource with `process.pid` added when the process context lacks it.
+fn with_pid(resource: Option<Resource>, pid: i32) -> Resource {
+    let mut r = resource.unwrap_or(Resource { attributes: Vec::new(), dropped_attributes_count: 0 });
+    if !r.attributes.iter().any(|kv| kv.key == "process.pid") {
+        r.attributes.push(KeyValue::new("process.pid", AnyValue::int(pid as i64)));
+    }
+    r
+}
+
+/// `dir/stem.<trace>.ext` beside the whole-run file.
+fn trace_path(output: &Path, trace_id: &str, ext: &str) -> PathBuf {
+    let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = name.strip_suffix(&format!(".{ext}")).unwrap_or(&name);
+    output.with_file_name(format!("{stem}.{trace_id}.{ext}"))
+}
+
+fn write(
+    opts: &Options,
+    profile: &model::Profile,
+    resource: &Resource,
+    notes: &[String],
+    output: &Path,
+    lines: &mut Vec<String>,
+) -> Result<(), Fatal> {
+    let save = |path: &Path, bytes: &[u8]| {
+        std::fs::write(path, bytes).map_err(|e| Fatal(format!("cannot write {}: {e}", path.display())))
+    };
+    match opts.format {
+        Format::Pprof => {
+            save(output, &pprof::write(profile, notes))?;
+            lines.push(format!("wrote {}", output.display()));
+        }
+        Format::Otlp => {
+            use otel_thread_ctx_otlp::Message;
+            save(output, &otlp::data(otlp::request(profile, resource.clone())).encode_to_vec())?;
+            lines.push(format!("wrote {}", output.display()));
+        }
+        Format::Jsonl => unreachable!("written from the raw samples"),
+        Format::Folded | Format::Svg => {
+            let ext = opts.format.extension();
+            let title = format!("pid {} on and off CPU by thread and span", profile.pid);
+            let whole = flame::folded(profile);
+            let subtitle = Some(format!("{} Hz, {:.1} s; values in microseconds", profile.hz, profile.duration_ns as f64 / 1e9));
+            let render = |lines: &[String], title: &str| -> Result<Vec<u8>, Fatal> {
+                if opts.format == Format::Svg {
+                    flame::svg(lines, title, subtitle.clone()).map_err(Fatal)
+                } else {
+                    Ok(lines.iter().map(|l| format!("{l}\n")).collect::<String>().into_bytes())
+                }
+            };
+            save(output, &render(&whole, &title)?)?;
+            lines.push(format!("wrote {}", output.display()));
+            let traces = flame::per_trace(profile, opts.max_traces);
+            for t in &traces {
+                save(&trace_path(output, &t.trace_id, ext), &render(&t.lines, &t.title)?)?;
+            }
+            if !traces.is_empty() {
+                lines.push(format!(
+                    "wrote {} per-trace files beside it ({})",
+                    traces.len(),
+                    trace_path(output, "<trace_id>", ext).display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_trace_files_sit_beside_the_whole_run_file() {
+        assert_eq!(trace_path(Path::new("/o/run.svg"), "ab", "svg"), PathBuf::from("/o/run.ab.svg"));
+        assert_eq!(trace_path(Path::new("run"), "ab", "folded"), PathBuf::from("run.ab.folded"));
+    }
+
+    #[test]
+    fn the_resource_names_the_process() {
+        let r = with_pid(None, 7);
+        assert_eq!(r.attributes[0].key, "process.pid");
+        let given = Resource { attributes: vec![KeyValue::new("process.pid", AnyValue::int(1))], dropped_attributes_count: 0 };
+        assert_eq!(with_pid(Some(given), 7).attributes.len(), 1);
+    }
+}

@@ -1,0 +1,293 @@
+//! The profile a run produced: samples with the same thread, span,
+//! attributes, state and stack merged, their frames named.
+
+use std::collections::HashMap;
+
+use super::kernel::{Kind, Sample};
+use super::symbolize::{Frame, Names};
+use crate::record::{self, hex};
+
+/// The span a sample's record named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Span {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+}
+
+impl Span {
+    pub fn trace_hex(&self) -> String {
+        hex(&self.trace_id)
+    }
+    pub fn span_hex(&self) -> String {
+        hex(&self.span_id)
+    }
+}
+
+/// What the thread was doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum State {
+    /// On CPU.
+    Running,
+    /// Off CPU while its record named a span: waiting inside that span.
+    Blocked,
+    /// Off CPU with no span published: idle (e.g. in the event loop).
+    Idle,
+}
+
+impl State {
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Blocked => "blocked",
+            State::Idle => "idle",
+        }
+    }
+}
+
+/// Samples that share everything but their time and value.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub kind: Kind,
+    pub state: State,
+    pub tid: u32,
+    pub thread_name: String,
+    pub span: Option<Span>,
+    /// Record attributes named through the process context's key map (an
+    /// index the map does not name is called `attr.<index>`).
+    pub attributes: Vec<(String, String)>,
+    /// Leaf first: kernel frames, then user frames.
+    pub frames: Vec<Frame>,
+    /// One per sample: CLOCK_MONOTONIC nanoseconds and the sample's value
+    /// in nanoseconds (the sampling period on CPU, the wait off CPU).
+    pub events: Vec<(u64, u64)>,
+}
+
+impl Entry {
+    pub fn total_ns(&self) -> u64 {
+        self.events.iter().map(|&(_, v)| v).sum()
+    }
+
+    /// The record attribute `key`, if the span carried it.
+    pub fn attribute(&self, key: &str) -> Option<&str> {
+        self.attributes.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A finished profile.
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    pub pid: i32,
+    pub hz: u64,
+    pub off_cpu: bool,
+    /// Nanoseconds per on-CPU sample.
+    pub period_ns: u64,
+    /// Start of the run: CLOCK_MONOTONIC and wall clock, nanoseconds.
+    pub start_monotonic_ns: u64,
+    pub start_unix_ns: u64,
+    pub duration_ns: u64,
+    pub entries: Vec<Entry>,
+}
+
+impl Profile {
+    /// Wall-clock nanoseconds of a CLOCK_MONOTONIC time of this run.
+    pub fn unix_ns(&self, monotonic_ns: u64) -> u64 {
+        (self.start_unix_ns as i128 + monotonic_ns as i128 - self.start_monotonic_ns as i128).max(0) as u64
+    }
+
+    pub fn on_cpu_samples(&self) -> u64 {
+        self.entries.iter().filter(|e| e.kind == Kind::OnCpu).map(|e| e.events.len() as u64).sum()
+    }
+
+    pub fn off_cpu_ns(&self) -> u64 {
+        self.entries.iter().filter(|e| e.kind == Kind::OffCpu).map(Entry::total_ns).sum()
+    }
+}
+
+/// A user return address points after its call: looking up the byte before
+/// names the calling function even when the call ends it.
+pub fn lookup_address(index: usize, addr: u64) -> u64 {
+    if index == 0 {
+        addr
+    } else {
+        addr.saturating_sub(1)
+    }
+}
+
+#[derive(PartialEq, Eq, Hash)]
+struct Key {
+    kind: u8,
+    state: State,
+    tid: u32,
+    span: Option<Span>,
+    attributes: Vec<(String, String)>,
+    frames: Vec<Frame>,
+}
+
+/// Merges raw samples into entries, naming frames and attributes.
+pub fn build(
+    mut profile: Profile,
+    samples: &[Sample],
+    names: &Names,
+    key_map: &[String],
+    thread_names: &HashMap<u32, String>,
+) -> Profile {
+    let mut index: HashMap<Key, usize> = HashMap::new();
+    let mut entries: Vec<Entry> = Vec::new();
+    for s in samples {
+        let (span, attributes) = match s.record.valid() {
+            Some((h, attrs_data)) => {
+                let attrs = record::decode_attributes(attrs_data)
+                    .entries
+                    .into_iter()
+                    .map(|a| {
+                        let key = key_map
+                            .get(a.key_index as usize)
+                            .cloned()
+                            .unwrap_or_else(|| format!("attr.{}", a.key_index));
+                        (key, String::from_utf8_lossy(&a.value).into_owned())
+                    })
+                    .collect();
+                (Some(Span { trace_id: h.trace_id, span_id: h.span_id }), attrs)
+            }
+            None => (None, Vec::new()),
+        };
+        let state = match (s.kind, span.is_some()) {
+            (Kind::OnCpu, _) => State::Running,
+            (Kind::OffCpu, true) => State::Blocked,
+            (Kind::OffCpu, false) => State::Idle,
+        };
+        let unknown = |addr: u64| Frame { name: format!("{addr:#x}"), module: "[unknown]".into() };
+        let mut frames: Vec<Frame> = s
+            .kernel_stack
+            .iter()
+            .map(|a| names.kernel.get(a).cloned().unwrap_or_else(|| unknown(*a)))
+            .collect();
+        // A stack taken inside the sched_switch tracepoint starts with the
+        // profiler's own program and the tracepoint's dispatch: not the target's.
+        if let Some(i) = frames.iter().position(|f| f.name.starts_with("bpf_trace_run")) {
+            frames.drain(..=i);
+        }
+        frames.extend(s.user_stack.iter().enumerate().map(|(i, &a)| {
+            let a = lookup_address(i, a);
+            names.user.get(&a).cloned().unwrap_or_else(|| unknown(a))
+        }));
+        let value = match s.kind {
+            Kind::OnCpu => profile.period_ns,
+            Kind::OffCpu => s.off_cpu_ns,
+        };
+        let key = Key {
+            kind: s.kind as u8,
+            state,
+            tid: s.tid,
+            span,
+            attributes,
+            frames,
+        };
+        let i = *index.entry(key).or_insert_with_key(|k| {
+            entries.push(Entry {
+                kind: s.kind,
+                state,
+                tid: s.tid,
+                thread_name: thread_names.get(&s.tid).cloned().unwrap_or_else(|| s.comm.clone()),
+                span,
+                attributes: k.attributes.clone(),
+                frames: k.frames.clone(),
+                events: Vec::new(),
+            });
+            entries.len() - 1
+        });
+        entries[i].events.push((s.time_ns, value));
+    }
+    profile.entries = entries;
+    profile
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+    use crate::profile::kernel::RecordRead;
+    use crate::record::Header;
+
+    pub fn record(span: u8, attrs: &[u8]) -> RecordRead {
+        RecordRead::Record {
+            header: Header {
+                trace_id: [span; 16],
+                span_id: [span; 8],
+                valid: 1,
+                trace_flags: 1,
+                attrs_data_size: attrs.len() as u16,
+            },
+            attrs_data: attrs.to_vec(),
+        }
+    }
+
+    pub fn sample(kind: Kind, tid: u32, record: RecordRead, user: &[u64], off_cpu_ns: u64) -> Sample {
+        Sample {
+            kind,
+            tid,
+            comm: format!("t{tid}"),
+            time_ns: 1_000,
+            off_cpu_ns,
+            record,
+            user_stack: user.to_vec(),
+            kernel_stack: if kind == Kind::OffCpu {
+                vec![0xffff_ffff_a000_0000, 0xffff_ffff_a000_0010, 0xffff_ffff_8100_0000]
+            } else {
+                vec![0xffff_ffff_8100_0000]
+            },
+        }
+    }
+
+    pub fn names() -> Names {
+        let mut n = Names::default();
+        let f = |name: &str, module: &str| Frame { name: name.into(), module: module.into() };
+        n.user.insert(0x10, f("leaf", "/bin/app"));
+        n.user.insert(0x1f, f("caller", "/bin/app"));
+        n.user.insert(0x2f, f("main", "/bin/app"));
+        n.kernel.insert(0xffff_ffff_8100_0000, f("schedule", "[kernel]"));
+        n.kernel.insert(0xffff_ffff_a000_0000, f("bpf_prog_1234_off_cpu", "[kernel]"));
+        n.kernel.insert(0xffff_ffff_a000_0010, f("bpf_trace_run4", "[kernel]"));
+        n
+    }
+
+    pub fn profile() -> Profile {
+        let samples = vec![
+            sample(Kind::OnCpu, 1, record(7, &[0, 2, b'/', b'a']), &[0x10, 0x20, 0x30], 0),
+            sample(Kind::OnCpu, 1, record(7, &[0, 2, b'/', b'a']), &[0x10, 0x20, 0x30], 0),
+            sample(Kind::OnCpu, 2, RecordRead::Null, &[0x10, 0x30], 0),
+            sample(Kind::OffCpu, 1, record(7, &[0, 2, b'/', b'a', 5, 1, b'x']), &[0x10, 0x30], 5_000),
+            sample(Kind::OffCpu, 2, RecordRead::Null, &[0x10], 9_000),
+        ];
+        let base = Profile { pid: 42, hz: 100, off_cpu: true, period_ns: 10_000_000, ..Default::default() };
+        build(base, &samples, &names(), &["http.route".into()], &HashMap::from([(1, "main".to_string())]))
+    }
+
+    #[test]
+    fn merges_identical_samples_and_names_everything() {
+        let p = profile();
+        assert_eq!(p.entries.len(), 4);
+        let first = &p.entries[0];
+        assert_eq!(first.events.len(), 2);
+        assert_eq!(first.state, State::Running);
+        assert_eq!(first.thread_name, "main");
+        assert_eq!(first.attribute("http.route"), Some("/a"));
+        let names: Vec<&str> = first.frames.iter().map(|f| f.name.as_str()).collect();
+        // Return addresses are looked up one byte back.
+        assert_eq!(names, ["schedule", "leaf", "caller", "main"]);
+        assert_eq!(p.on_cpu_samples(), 3);
+        assert_eq!(p.off_cpu_ns(), 14_000);
+    }
+
+    #[test]
+    fn off_cpu_without_a_span_is_idle_and_unknown_keys_keep_their_index() {
+        let p = profile();
+        let blocked = p.entries.iter().find(|e| e.state == State::Blocked).unwrap();
+        assert_eq!(blocked.attribute("attr.5"), Some("x"));
+        assert_eq!(blocked.total_ns(), 5_000);
+        // The profiler's own frames are cut from the switch-out stack.
+        assert_eq!(blocked.frames[0].name, "schedule");
+        let idle = p.entries.iter().find(|e| e.state == State::Idle).unwrap();
+        assert!(idle.span.is_none());
+        assert_eq!(idle.thread_name, "t2");
+    }
+}
