@@ -67,7 +67,7 @@ const interleave = {
       manager,
       withCalls: count(2e6, opts),
       awaits: count(20000, opts),
-      batches: opts.quick ? 3 : 5,
+      batches: opts.quick ? 3 : 7,
     }),
   rows: [
     {
