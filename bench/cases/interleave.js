@@ -5,13 +5,14 @@
 //   record write);
 // - 16 loops of bare `await null`, interleaving: ns per continuation;
 // - the same with a setImmediate hop every 8th await: ns per continuation.
-// The await phases never idle, so wall time is busy time. Prints the
-// fastest batch of each: on a shared machine other processes only ever add
-// time, so the minimum is the figure least disturbed by them.
+// Time is the process's CPU time (the phases never idle, so it is their busy
+// time, and time other processes take on a shared core does not count),
+// and each figure is the fastest of the batches: interference only ever
+// adds time, so the minimum is the figure least disturbed by it.
 //
 // params: { manager, withCalls, awaits (per loop and batch), batches }
 
-const { params, report, installManager, since } = require('../lib/common');
+const { params, report, installManager, cpuNs } = require('../lib/common');
 
 const { manager, withCalls = 2e6, awaits = 20000, batches = 7 } = params();
 installManager(manager);
@@ -22,9 +23,9 @@ async function measureAsync(body) {
   await body();
   const per = [];
   for (let b = 0; b < batches; b++) {
-    const start = process.hrtime.bigint();
+    const start = cpuNs();
     await body();
-    per.push(since(start) / (LOOPS * awaits));
+    per.push((cpuNs() - start) / (LOOPS * awaits));
   }
   return Math.min(...per);
 }
@@ -33,9 +34,9 @@ function measureWith() {
   let check = withCycle(Math.max(1000, withCalls >> 2)) + withCycle(Math.max(1000, withCalls >> 2));
   const per = [];
   for (let b = 0; b < batches; b++) {
-    const start = process.hrtime.bigint();
+    const start = cpuNs();
     check += withCycle(withCalls);
-    per.push(since(start) / withCalls);
+    per.push((cpuNs() - start) / withCalls);
   }
   if (check <= 0) throw new Error('unexpected result');
   return Math.min(...per);
