@@ -36,7 +36,7 @@ test('bench/run.js --quick prints a table of numbers and writes JSON', () => {
   }
 });
 
-test('bench/run.js --quick runs the interleave, service and memory cases with stock, floor and ours', () => {
+test('bench/run.js --quick runs the interleave, service and memory cases with stock, the floor and ours', () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-bench-'));
   const json = path.join(dir, 'results.json');
   try {
@@ -61,7 +61,7 @@ test('bench/run.js --quick runs the interleave, service and memory cases with st
     assert.match(rowFor('bytes per bare await, 16 interleaved SDK spans (ours − floor)'), /[+-]?\d+(\.\d)? B/);
     const { results } = JSON.parse(fs.readFileSync(json, 'utf8'));
     const [round] = results.interleave[process.versions.node].rounds;
-    for (const variant of ['stock', 'floor', 'ours']) {
+    for (const variant of ['stock', 'floor', 'store', 'ours']) {
       for (const field of ['withNs', 'awaitNs', 'hopNs']) assert.ok(round[variant][field] > 0, `${variant} ${field}`);
     }
     const [service] = results.service[process.versions.node].rounds;

@@ -22,8 +22,9 @@ function report(result) {
  * Creates, enables and installs as global the context manager of `kind`:
  * 'ours' (ProfilingContextManager), 'stock' (AsyncLocalStorageContextManager),
  * 'floor' (stock plus our continuation hooks with empty bodies,
- * bench/lib/floor.js) or 'none' (no context manager at all). The stock and
- * floor processes never load the addon, so nothing of ours runs there.
+ * bench/lib/floor.js), 'store' (those hooks only reading the stock store)
+ * or 'none' (no context manager at all). The stock, floor and store
+ * processes never load the addon, so nothing of ours runs there.
  */
 function installManager(kind) {
   const manager = createManager(kind);
@@ -45,6 +46,12 @@ function createManager(kind) {
     case 'floor':
       require('./floor').installFloorHooks();
       return new (require('@opentelemetry/context-async-hooks').AsyncLocalStorageContextManager)();
+    case 'store': {
+      const manager = new (require('@opentelemetry/context-async-hooks').AsyncLocalStorageContextManager)();
+      const floor = require('./floor');
+      floor.installFloorHooks(floor.storeReader(manager._asyncLocalStorage));
+      return manager;
+    }
     case 'stock':
       return new (require('@opentelemetry/context-async-hooks').AsyncLocalStorageContextManager)();
     case 'none':

@@ -60,7 +60,7 @@ const async = {
 
 const interleave = {
   name: 'interleave',
-  variants: ['stock', 'floor', 'ours'],
+  variants: ['stock', 'floor', 'store', 'ours'],
   rounds: { full: 7, quick: 2 },
   run: (node, manager, opts) =>
     runCase(node, 'interleave', {
@@ -89,6 +89,12 @@ const interleave = {
       target: null,
     },
     {
+      label: 'bare await, 16 interleaved SDK spans (store/floor)',
+      unit: 'ratio',
+      value: (r) => r.store.awaitNs / r.floor.awaitNs,
+      target: null,
+    },
+    {
       label: 'await, setImmediate hop every 8th (ours/floor)',
       unit: 'ratio',
       value: (r) => r.ours.hopNs / r.floor.hopNs,
@@ -98,6 +104,12 @@ const interleave = {
       label: 'await, setImmediate hop every 8th (floor/stock)',
       unit: 'ratio',
       value: (r) => r.floor.hopNs / r.stock.hopNs,
+      target: null,
+    },
+    {
+      label: 'await, setImmediate hop every 8th (store/floor)',
+      unit: 'ratio',
+      value: (r) => r.store.hopNs / r.floor.hopNs,
       target: null,
     },
   ],
