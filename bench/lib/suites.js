@@ -147,12 +147,12 @@ const workers = {
 };
 
 /** Server CPU per request under one fixed-count load; the server on core 0, the load on core 1. */
-async function loadServer(server, url, manager, opts) {
+async function loadServer(server, url, manager, opts, { warmUp = 10000, measured = 30000 } = {}) {
   const load = { url, connections: 10 };
   // The load generator runs on the Node that runs this script, whatever Node the server runs.
-  await runCase(process.execPath, 'http-load', { ...load, amount: count(10000, opts) }, { core: 1 });
+  await runCase(process.execPath, 'http-load', { ...load, amount: count(warmUp, opts) }, { core: 1 });
   const cpu0 = processCpuNs(server.first.pid);
-  const result = await runCase(process.execPath, 'http-load', { ...load, amount: count(30000, opts) }, { core: 1 });
+  const result = await runCase(process.execPath, 'http-load', { ...load, amount: count(measured, opts) }, { core: 1 });
   const cpu = processCpuNs(server.first.pid) - cpu0;
   const end = await server.stop();
   if (result.errors > 0) throw new Error(`${manager}: ${result.errors} failed requests`);
@@ -174,7 +174,11 @@ async function serviceRun(node, manager, opts) {
   try {
     const server = await startCase(node, 'service-server', { manager, upstream: `http://127.0.0.1:${upstream.first.port}` }, { core: 0 });
     try {
-      return await loadServer(server, `http://127.0.0.1:${server.first.port}/orders/42`, manager, opts);
+      // A request costs several times the http case's, so fewer of them measure as well.
+      return await loadServer(server, `http://127.0.0.1:${server.first.port}/orders/42`, manager, opts, {
+        warmUp: 5000,
+        measured: 15000,
+      });
     } finally {
       server.child.kill('SIGKILL');
     }
