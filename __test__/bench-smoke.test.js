@@ -35,3 +35,42 @@ test('bench/run.js --quick prints a table of numbers and writes JSON', () => {
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('bench/run.js --quick runs the interleave, service and memory cases with stock, the floor and ours', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-bench-'));
+  const json = path.join(dir, 'results.json');
+  try {
+    const r = spawnSync(
+      process.execPath,
+      [
+        'bench/run.js', '--quick', '--rounds', '1', '--only', 'interleave,service,memory', '--scale', '0.01',
+        '--node', process.execPath, '--json', json,
+      ],
+      { cwd: ROOT, encoding: 'utf8', timeout: 120000 },
+    );
+    assert.strictEqual(r.status, 0, r.stderr);
+    const lines = r.stdout.split('\n');
+    const rowFor = (label) => {
+      const row = lines.find((l) => l.startsWith(`| ${label} |`));
+      assert.ok(row, `no row for ${label}:\n${r.stdout}`);
+      return row;
+    };
+    assert.match(rowFor('with() cycling 16 SDK spans, added time per call (ours − stock)'), /[+-]?\d+\.\d+ ns/);
+    assert.match(rowFor('bare await, 16 interleaved SDK spans (ours/floor)'), /\| \d+\.\d\d/);
+    assert.match(rowFor('Express service server CPU per request (ours/stock)'), /\| \d+\.\d\d/);
+    assert.match(rowFor('bytes per bare await, 16 interleaved SDK spans (ours − floor)'), /[+-]?\d+(\.\d)? B/);
+    const { results } = JSON.parse(fs.readFileSync(json, 'utf8'));
+    const [round] = results.interleave[process.versions.node].rounds;
+    for (const variant of ['stock', 'floor', 'store', 'ours']) {
+      for (const field of ['withNs', 'awaitNs', 'hopNs']) assert.ok(round[variant][field] > 0, `${variant} ${field}`);
+    }
+    const [service] = results.service[process.versions.node].rounds;
+    for (const variant of ['none', 'stock', 'floor', 'ours']) {
+      assert.ok(service[variant].requests > 0 && service[variant].cpuNsPerRequest > 0, variant);
+      // Traced variants export the server, Express and client spans of each request.
+      if (variant !== 'none') assert.ok(service[variant].spans >= service[variant].requests * 3, `${variant} spans`);
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

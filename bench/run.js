@@ -4,7 +4,7 @@
 // AsyncLocalStorageContextManager, on Node 20 and Node 24, and prints one
 // table of ratios with their targets. See BENCHMARKS.md for the method.
 //
-//   node bench/run.js [--quick] [--only sync,async,http,memory,direct,workers]
+//   node bench/run.js [--quick] [--only sync,interleave,async,http,service,memory,direct,workers]
 //                     [--node <path>[,<path>...]] [--rounds N] [--scale F]
 //                     [--json <file>]
 //

@@ -20,6 +20,8 @@ const continuations = require('./continuations');
 const { AttributeSchema, validateKeys } = require('./span-attributes');
 const sdkResource = require('./sdk-resource');
 
+const { NO_SPAN } = view;
+
 /** Per-context and per-span cache of the record entry (never enumerated). */
 const kEntry = Symbol('otel-thread-ctx.entry');
 
@@ -39,18 +41,21 @@ let schema = null;
  * schema, and its span's configured attributes unchanged since.
  */
 function isFresh(entry) {
-  return entry === view.NO_SPAN || (entry.schema === schema && (schema === null || schema.isCurrent(entry.attributes)));
+  // NO_SPAN (schema null) is checked last: without attributes configured
+  // every other entry passes on the first comparison.
+  if (entry.schema === schema) return schema === null || schema.isCurrent(entry.attributes);
+  return entry === NO_SPAN;
 }
 
 function entryForSpan(span) {
-  if (span === undefined) return view.NO_SPAN;
+  if (span === undefined) return NO_SPAN;
   const cached = span[kEntry];
   if (cached !== undefined && isFresh(cached)) return cached;
   sdkResource.onNewSpan(span);
   const sc = span.spanContext();
   // entryFromIds returns NO_SPAN for malformed or all-zero (invalid) ids.
   const entry = view.entryFromIds(sc.traceId, sc.spanId, sc.traceFlags);
-  if (entry === view.NO_SPAN || schema === null) return cache(span, entry);
+  if (entry === NO_SPAN || schema === null) return cache(span, entry);
   return cache(span, view.withAttributes(entry, schema, schema.encode(span)));
 }
 
@@ -59,7 +64,7 @@ function entryForSpan(span) {
  * load (plus, with attributes configured, one comparison per attribute).
  */
 function entryForContext(ctx) {
-  if (ctx === undefined || ctx === null) return view.NO_SPAN;
+  if (ctx === undefined || ctx === null) return NO_SPAN;
   const cached = ctx[kEntry];
   if (cached !== undefined && isFresh(cached)) return cached;
   return cache(ctx, entryForSpan(trace.getSpan(ctx)));
@@ -69,7 +74,9 @@ function entryForContext(ctx) {
 let publishedContext;
 
 function publishContext(ctx) {
-  publishedContext = ctx;
+  // Callbacks of one request often run back to back; skipping the
+  // unchanged store saves its write barrier.
+  if (ctx !== publishedContext) publishedContext = ctx;
   view.publish(entryForContext(ctx));
 }
 
@@ -123,7 +130,7 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
         schema = null;
         binding.setClearOnIdle(false);
         publishedContext = undefined;
-        view.publish(view.NO_SPAN);
+        view.publish(NO_SPAN);
       }
     }
     return super.disable();

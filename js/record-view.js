@@ -105,47 +105,44 @@ function withAttributes(entry, schema, attributes) {
   return new RecordEntry(1, w0, w1, w2, w3, w4, w5, traceFlags, schema, attributes);
 }
 
-/** The entry the record publishes now (NO_SPAN: none; null after a direct write). */
-let lastEntry = NO_SPAN;
 /**
  * The entry whose ids and attributes are in the record's bytes, valid or
- * not: invalidating writes only the valid byte, so re-publishing that
- * entry only needs its tail word.
+ * not (null after a direct write): invalidating writes only the valid byte,
+ * so re-publishing that entry only needs its tail word.
  */
 let heldEntry = null;
 
 /**
  * Makes `entry` the thread's published record: valid = 0, fields, then
- * valid = 1 with the flags and attributes size. Skips the writes when the
- * same entry is already published, and the field writes when the record
- * still holds that entry's bytes.
+ * valid = 1 with the flags and attributes size. When the record still holds
+ * that entry's bytes, only its tail word is written, and only if it differs.
  */
 function publish(entry) {
-  // The native side may have cleared the record (idle event loop), so the
-  // skip also checks the tail word (valid byte included), not only our
-  // memory of the last entry. NO_SPAN's tail is 0.
-  if (entry === lastEntry && words[TAIL_INDEX_U32] === entry.tail) return;
-  lastEntry = entry;
+  if (entry === heldEntry) {
+    // The native side may have cleared the record (idle event loop) since,
+    // so the tail word (valid byte included) is compared, not assumed.
+    if (words[TAIL_INDEX_U32] !== entry.tail) words[TAIL_INDEX_U32] = entry.tail;
+    return;
+  }
   // ORDER: a sampler interrupts this thread, so it needs program order only.
   // V8 emits typed-array element stores in program order and never drops or
   // reorders them across one another, so valid = 0 lands before the fields
   // and the tail word (valid = 1) after them. (Atomics.store would add a
   // locked instruction per store, about 7 ns each, for ordering the
   // interrupted thread already has.)
-  if (entry !== heldEntry) {
-    // valid = 0 (with trace_flags and attrs_data_size: an invalid record's
-    // other fields do not matter).
-    words[TAIL_INDEX_U32] = 0;
-    if (entry.valid === 0) return;
-    heldEntry = entry;
-    words[0] = entry.w0;
-    words[1] = entry.w1;
-    words[2] = entry.w2;
-    words[3] = entry.w3;
-    words[4] = entry.w4;
-    words[5] = entry.w5;
-    if (entry.attrsSize !== 0) bytes.set(entry.attributes.bytes, OFFSET_ATTRS_DATA);
-  }
+  // valid = 0 (with trace_flags and attrs_data_size: an invalid record's
+  // other fields do not matter). NO_SPAN stops here and leaves the held
+  // bytes, so the next entry may still be the held one.
+  words[TAIL_INDEX_U32] = 0;
+  if (entry.valid === 0) return;
+  heldEntry = entry;
+  words[0] = entry.w0;
+  words[1] = entry.w1;
+  words[2] = entry.w2;
+  words[3] = entry.w3;
+  words[4] = entry.w4;
+  words[5] = entry.w5;
+  if (entry.attrsSize !== 0) bytes.set(entry.attributes.bytes, OFFSET_ATTRS_DATA);
   // ORDER: last store; makes the record valid with the fields in place.
   words[TAIL_INDEX_U32] = entry.tail;
 }
@@ -155,8 +152,7 @@ function publish(entry) {
  * the direct API does: big-endian stores put the W3C bytes in hex order.
  */
 function publishIds(traceIdHigh, traceIdLow, spanId, traceFlags) {
-  lastEntry = null; // the manager must rewrite its entry next time
-  heldEntry = null;
+  heldEntry = null; // the manager must rewrite its entry next time
   bytes[OFFSET_VALID] = 0; // ORDER: as in publish()
   ids.setBigUint64(0, traceIdHigh);
   ids.setBigUint64(8, traceIdLow);

@@ -20,8 +20,12 @@
 // - await: 100 concurrent loops, each in its own span context, awaiting an
 //          async function (bytes per await continuation);
 // - chain: the request-like chains of the async benchmark, fresh span per
-//          chain (bytes per chain, includes per-span costs).
-// RSS growth is taken over the three measured phases together.
+//          chain (bytes per chain, includes per-span costs);
+// - with16: `with()` cycling 16 real SDK spans (bench/lib/interleave.js),
+//          bytes per call;
+// - await16: 16 interleaved loops of bare `await null`, each in its own SDK
+//          span, bytes per continuation.
+// RSS growth is taken over the measured phases together.
 //
 // params: { manager, withCalls, awaits, chains }
 
@@ -32,6 +36,7 @@ const { manager, withCalls = 2e6, awaits = 1e6, chains = 20000 } = params();
 installManager(manager);
 const { context, trace, ROOT_CONTEXT } = require('@opentelemetry/api');
 const { runChains } = require('../lib/chains');
+const interleave = require('../lib/interleave');
 
 /** Bytes allocated on the V8 heap while `work()` (sync or async) runs. */
 async function allocated(work) {
@@ -84,30 +89,32 @@ function chainPhase(total) {
   return runChains(total, 100, first);
 }
 
+const await16Each = Math.max(1, Math.round(awaits / interleave.LOOPS));
+const await16Phase = () => interleave.awaitLoops(await16Each);
+
 async function main() {
   const awaitsDone = LOOPS * Math.max(1, Math.round(awaits / LOOPS));
+  const await16Done = interleave.LOOPS * await16Each;
   // Warm-up: every phase once.
   withLoop(withCalls);
   await awaitPhase(awaits);
   await chainPhase(chains);
+  interleave.withCycle(withCalls);
+  await await16Phase();
 
   const rss0 = process.memoryUsage().rss;
-  const withBytes = [];
-  const awaitBytes = [];
-  const chainBytes = [];
+  const all = { withBytes: [], awaitBytes: [], chainBytes: [], with16Bytes: [], await16Bytes: [] };
   for (let i = 0; i < 3; i++) {
-    withBytes.push((await allocated(() => withLoop(withCalls))) / withCalls);
-    awaitBytes.push((await allocated(() => awaitPhase(awaits))) / awaitsDone);
-    chainBytes.push((await allocated(() => chainPhase(chains))) / chains);
+    all.withBytes.push((await allocated(() => withLoop(withCalls))) / withCalls);
+    all.awaitBytes.push((await allocated(() => awaitPhase(awaits))) / awaitsDone);
+    all.chainBytes.push((await allocated(() => chainPhase(chains))) / chains);
+    all.with16Bytes.push((await allocated(() => interleave.withCycle(withCalls))) / withCalls);
+    all.await16Bytes.push((await allocated(await16Phase)) / await16Done);
   }
   const rssGrowth = process.memoryUsage().rss - rss0;
-  report({
-    withBytes: Math.min(...withBytes),
-    awaitBytes: Math.min(...awaitBytes),
-    chainBytes: Math.min(...chainBytes),
-    rssGrowth,
-    all: { withBytes, awaitBytes, chainBytes },
-  });
+  const smallest = {};
+  for (const [key, values] of Object.entries(all)) smallest[key] = Math.min(...values);
+  report({ ...smallest, rssGrowth, all });
 }
 
 main();

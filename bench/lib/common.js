@@ -20,9 +20,11 @@ function report(result) {
 
 /**
  * Creates, enables and installs as global the context manager of `kind`:
- * 'ours' (ProfilingContextManager), 'stock' (AsyncLocalStorageContextManager)
- * or 'none' (no context manager at all). The stock process never loads the
- * addon, so nothing of ours runs there.
+ * 'ours' (ProfilingContextManager), 'stock' (AsyncLocalStorageContextManager),
+ * 'floor' (stock plus our continuation hooks with empty bodies,
+ * bench/lib/floor.js), 'store' (those hooks only reading the stock store)
+ * or 'none' (no context manager at all). The stock, floor and store
+ * processes never load the addon, so nothing of ours runs there.
  */
 function installManager(kind) {
   const manager = createManager(kind);
@@ -33,11 +35,23 @@ function installManager(kind) {
   return manager;
 }
 
-/** Creates (not enabled) the context manager of `kind`, or null for 'none'. */
+/**
+ * Creates (not enabled) the context manager of `kind`, or null for 'none'.
+ * For 'floor' the empty hooks are enabled right away.
+ */
 function createManager(kind) {
   switch (kind) {
     case 'ours':
       return new (require(ROOT).ProfilingContextManager)();
+    case 'floor':
+      require('./floor').installFloorHooks();
+      return new (require('@opentelemetry/context-async-hooks').AsyncLocalStorageContextManager)();
+    case 'store': {
+      const manager = new (require('@opentelemetry/context-async-hooks').AsyncLocalStorageContextManager)();
+      const floor = require('./floor');
+      floor.installFloorHooks(floor.storeReader(manager._asyncLocalStorage));
+      return manager;
+    }
     case 'stock':
       return new (require('@opentelemetry/context-async-hooks').AsyncLocalStorageContextManager)();
     case 'none':

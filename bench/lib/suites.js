@@ -1,7 +1,7 @@
 'use strict';
 // The benchmarks: what each runs per round and variant, and the rows it
 // contributes to the summary table. Every round runs each variant in its own
-// process; `value(round)` turns one round ({ stock, ours, none, direct }
+// process; `value(round)` turns one round ({ stock, floor, ours, none, direct }
 // results) into one number, and the table shows their median and spread.
 //
 // Targets: `n20` applies to Node < 24, `n24` to Node >= 24 (where
@@ -58,6 +58,68 @@ const async = {
   ],
 };
 
+const interleave = {
+  name: 'interleave',
+  variants: ['stock', 'floor', 'store', 'ours'],
+  rounds: { full: 7, quick: 2 },
+  run: (node, manager, opts) =>
+    runCase(node, 'interleave', {
+      manager,
+      withCalls: count(2e6, opts),
+      awaits: count(20000, opts),
+      batches: opts.quick ? 3 : 7,
+    }),
+  rows: [
+    {
+      label: 'with() cycling 16 SDK spans, added time per call (ours − stock)',
+      unit: 'ns+',
+      value: (r) => r.ours.withNs - r.stock.withNs,
+      target: { n20: 15, n24: 15 },
+    },
+    {
+      label: 'bare await, 16 interleaved SDK spans (ours/floor)',
+      unit: 'ratio',
+      value: (r) => r.ours.awaitNs / r.floor.awaitNs,
+      target: { n20: 1.1, n24: 1.1 },
+    },
+    {
+      label: 'bare await, 16 interleaved SDK spans (floor/stock)',
+      unit: 'ratio',
+      value: (r) => r.floor.awaitNs / r.stock.awaitNs,
+      target: null,
+    },
+    {
+      label: 'bare await, 16 interleaved SDK spans (store/floor)',
+      unit: 'ratio',
+      value: (r) => r.store.awaitNs / r.floor.awaitNs,
+      target: null,
+    },
+    {
+      label: 'await, setImmediate hop every 8th (ours/floor)',
+      unit: 'ratio',
+      value: (r) => r.ours.hopNs / r.floor.hopNs,
+      target: { n20: 1.1, n24: 1.1 },
+    },
+    {
+      label: 'await, setImmediate hop every 8th (floor/stock)',
+      unit: 'ratio',
+      value: (r) => r.floor.hopNs / r.stock.hopNs,
+      target: null,
+    },
+    {
+      label: 'await, setImmediate hop every 8th (store/floor)',
+      unit: 'ratio',
+      value: (r) => r.store.hopNs / r.floor.hopNs,
+      target: null,
+    },
+  ],
+  details: [
+    { label: 'with() cycling 16 SDK spans: ns per call', field: 'withNs', unit: 'ns' },
+    { label: 'bare await, 16 loops: ns per continuation', field: 'awaitNs', unit: 'ns' },
+    { label: 'await + setImmediate every 8th: ns per continuation', field: 'hopNs', unit: 'ns' },
+  ],
+};
+
 const workers = {
   name: 'workers',
   variants: ['stock', 'ours'],
@@ -84,28 +146,50 @@ const workers = {
   ],
 };
 
-/** One server process under one fixed-count load; the server on core 0, the load on core 1. */
+/** Server CPU per request under one fixed-count load; the server on core 0, the load on core 1. */
+async function loadServer(server, url, manager, opts, { warmUp = 10000, measured = 30000 } = {}) {
+  const load = { url, connections: 10 };
+  // The load generator runs on the Node that runs this script, whatever Node the server runs.
+  await runCase(process.execPath, 'http-load', { ...load, amount: count(warmUp, opts) }, { core: 1 });
+  const cpu0 = processCpuNs(server.first.pid);
+  const result = await runCase(process.execPath, 'http-load', { ...load, amount: count(measured, opts) }, { core: 1 });
+  const cpu = processCpuNs(server.first.pid) - cpu0;
+  const end = await server.stop();
+  if (result.errors > 0) throw new Error(`${manager}: ${result.errors} failed requests`);
+  return { ...result, cpuNsPerRequest: cpu / result.requests, spans: end && end.spans, pinned: canPin };
+}
+
 async function httpRun(node, manager, opts) {
   const server = await startCase(node, 'http-server', { manager }, { core: 0 });
   try {
-    const url = `http://127.0.0.1:${server.first.port}/`;
-    const load = { url, connections: 10 };
-    // The load generator runs on the Node that runs this script, whatever Node the server runs.
-    await runCase(process.execPath, 'http-load', { ...load, amount: count(10000, opts) }, { core: 1 });
-    const cpu0 = processCpuNs(server.first.pid);
-    const result = await runCase(process.execPath, 'http-load', { ...load, amount: count(30000, opts) }, { core: 1 });
-    const cpu = processCpuNs(server.first.pid) - cpu0;
-    const end = await server.stop();
-    if (result.errors > 0) throw new Error(`http ${manager}: ${result.errors} failed requests`);
-    return { ...result, cpuNsPerRequest: cpu / result.requests, spans: end && end.spans, pinned: canPin };
+    return await loadServer(server, `http://127.0.0.1:${server.first.port}/`, manager, opts);
   } finally {
     server.child.kill('SIGKILL');
   }
 }
 
+/** The Express service on core 0; its upstream and the load on core 1. */
+async function serviceRun(node, manager, opts) {
+  const upstream = await startCase(process.execPath, 'upstream', {}, { core: 1 });
+  try {
+    const server = await startCase(node, 'service-server', { manager, upstream: `http://127.0.0.1:${upstream.first.port}` }, { core: 0 });
+    try {
+      // A request costs several times the http case's, so fewer of them measure as well.
+      return await loadServer(server, `http://127.0.0.1:${server.first.port}/orders/42`, manager, opts, {
+        warmUp: 5000,
+        measured: 15000,
+      });
+    } finally {
+      server.child.kill('SIGKILL');
+    }
+  } finally {
+    await upstream.stop();
+  }
+}
+
 const http = {
   name: 'http',
-  variants: ['none', 'stock', 'ours'],
+  variants: ['none', 'stock', 'floor', 'ours'],
   rounds: { full: 5, quick: 1 },
   run: httpRun,
   rows: [
@@ -128,6 +212,12 @@ const http = {
       target: { n20: 1.03, n24: 1.03 },
     },
     {
+      label: 'http server CPU per request (ours/floor)',
+      unit: 'ratio',
+      value: (r) => r.ours.cpuNsPerRequest / r.floor.cpuNsPerRequest,
+      target: null,
+    },
+    {
       label: 'http server CPU per request, stock tracing/no tracing',
       unit: 'ratio',
       value: (r) => r.stock.cpuNsPerRequest / r.none.cpuNsPerRequest,
@@ -142,9 +232,47 @@ const http = {
   ],
 };
 
+const service = {
+  name: 'service',
+  variants: ['none', 'stock', 'floor', 'ours'],
+  rounds: { full: 5, quick: 1 },
+  run: serviceRun,
+  rows: [
+    {
+      label: 'Express service server CPU per request (ours/stock)',
+      unit: 'ratio',
+      value: (r) => r.ours.cpuNsPerRequest / r.stock.cpuNsPerRequest,
+      target: { n20: 1.05, n24: 1.05 },
+    },
+    {
+      label: 'Express service server CPU per request (ours/floor)',
+      unit: 'ratio',
+      value: (r) => r.ours.cpuNsPerRequest / r.floor.cpuNsPerRequest,
+      target: null,
+    },
+    {
+      label: 'Express service requests/s (stock/ours)',
+      unit: 'ratio',
+      value: (r) => r.stock.rps / r.ours.rps,
+      target: null,
+    },
+    {
+      label: 'Express service server CPU per request, stock tracing/no tracing',
+      unit: 'ratio',
+      value: (r) => r.stock.cpuNsPerRequest / r.none.cpuNsPerRequest,
+      target: null,
+    },
+  ],
+  details: [
+    { label: 'service requests/s', field: 'rps', unit: 'int' },
+    { label: 'service p99 latency', field: 'p99Ms', unit: 'ms' },
+    { label: 'service server CPU per request', field: 'cpuNsPerRequest', unit: 'us' },
+  ],
+};
+
 const memory = {
   name: 'memory',
-  variants: ['stock', 'ours'],
+  variants: ['stock', 'floor', 'ours'],
   rounds: { full: 3, quick: 1 },
   run: (node, manager, opts) =>
     runCase(node, 'memory', {
@@ -161,15 +289,33 @@ const memory = {
       target: { n20: 0, n24: 0 },
     },
     {
-      label: 'bytes per await continuation (ours − stock)',
+      label: 'bytes per with() cycling 16 SDK spans (ours − stock)',
       unit: 'B+',
-      value: (r) => r.ours.awaitBytes - r.stock.awaitBytes,
+      value: (r) => r.ours.with16Bytes - r.stock.with16Bytes,
       target: { n20: 0, n24: 0 },
     },
     {
-      label: 'bytes per chain incl. its new span (ours − stock)',
+      label: 'bytes per await continuation (ours − floor)',
       unit: 'B+',
-      value: (r) => r.ours.chainBytes - r.stock.chainBytes,
+      value: (r) => r.ours.awaitBytes - r.floor.awaitBytes,
+      target: { n20: 0, n24: 0 },
+    },
+    {
+      label: 'bytes per bare await, 16 interleaved SDK spans (ours − floor)',
+      unit: 'B+',
+      value: (r) => r.ours.await16Bytes - r.floor.await16Bytes,
+      target: { n20: 0, n24: 0 },
+    },
+    {
+      label: 'bytes per bare await, 16 interleaved SDK spans (floor − stock)',
+      unit: 'B+',
+      value: (r) => r.floor.await16Bytes - r.stock.await16Bytes,
+      target: null,
+    },
+    {
+      label: 'bytes per chain incl. its new span (ours − floor)',
+      unit: 'B+',
+      value: (r) => r.ours.chainBytes - r.floor.chainBytes,
       target: null,
     },
     {
@@ -181,7 +327,9 @@ const memory = {
   ],
   details: [
     { label: 'memory: bytes per with() call', field: 'withBytes', unit: 'B' },
+    { label: 'memory: bytes per with() cycling 16 SDK spans', field: 'with16Bytes', unit: 'B' },
     { label: 'memory: bytes per await continuation', field: 'awaitBytes', unit: 'B' },
+    { label: 'memory: bytes per bare await, 16 SDK spans', field: 'await16Bytes', unit: 'B' },
     { label: 'memory: bytes per chain', field: 'chainBytes', unit: 'B' },
     { label: 'memory: RSS growth', field: 'rssGrowth', unit: 'MB' },
   ],
@@ -200,6 +348,6 @@ const direct = {
   details: [],
 };
 
-const SUITES = [sync, async, http, memory, direct, workers];
+const SUITES = [sync, interleave, async, http, service, memory, direct, workers];
 
 module.exports = { SUITES };

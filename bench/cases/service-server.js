@@ -1,0 +1,108 @@
+'use strict';
+// service: a small Express service under load. Every request goes through
+// two middlewares to a handler that awaits an outgoing HTTP call to the
+// loopback upstream (bench/cases/upstream.js, over a keep-alive agent),
+// then builds and serializes a JSON reply. Traced variants use the Node SDK
+// (NodeTracerProvider, BatchSpanProcessor with an exporter that drops the
+// spans) with the http and Express instrumentations, so each request makes
+// a server span, middleware and handler spans, and a client span; 'none'
+// runs the same service without any tracing.
+//
+// Prints {"port", "pid"} once listening on 127.0.0.1; on stdin end it
+// prints {"spans", "served"} and exits.
+//
+// params: { manager, upstream (base URL) }
+
+const { params, report, createManager } = require('../lib/common');
+
+const { manager, upstream } = params();
+if (!/^http:\/\/127\.0\.0\.1:\d+$/.test(upstream)) throw new Error(`refusing an upstream off 127.0.0.1: ${upstream}`);
+let exported = 0;
+let provider = null;
+
+if (manager !== 'none') {
+  const { NodeTracerProvider, BatchSpanProcessor } = require('@opentelemetry/sdk-trace-node');
+  const { registerInstrumentations } = require('@opentelemetry/instrumentation');
+  const { HttpInstrumentation } = require('@opentelemetry/instrumentation-http');
+  const { ExpressInstrumentation } = require('@opentelemetry/instrumentation-express');
+  const exporter = {
+    export(spans, done) {
+      exported += spans.length;
+      done({ code: 0 });
+    },
+    shutdown: () => Promise.resolve(),
+    forceFlush: () => Promise.resolve(),
+  };
+  provider = new NodeTracerProvider({ spanProcessors: [new BatchSpanProcessor(exporter)] });
+  provider.register({ contextManager: createManager(manager) });
+  registerInstrumentations({
+    tracerProvider: provider,
+    instrumentations: [new HttpInstrumentation(), new ExpressInstrumentation()],
+  });
+}
+
+// Required after the instrumentations are registered, so they are patched.
+const http = require('node:http');
+const express = require('express');
+
+const agent = new http.Agent({ keepAlive: true, maxSockets: 16 });
+
+function getJson(url) {
+  return new Promise((resolve, reject) => {
+    http
+      .get(url, { agent }, (res) => {
+        let text = '';
+        res.setEncoding('utf8');
+        res.on('data', (chunk) => (text += chunk));
+        res.on('end', () => {
+          try {
+            resolve(JSON.parse(text));
+          } catch (err) {
+            reject(err);
+          }
+        });
+      })
+      .on('error', reject);
+  });
+}
+
+let served = 0;
+const app = express();
+app.disable('x-powered-by');
+app.disable('etag');
+app.use((req, res, next) => {
+  req.requestId = ++served;
+  next();
+});
+app.use((req, res, next) => {
+  res.setHeader('cache-control', 'no-store');
+  next();
+});
+app.get('/orders/:id', async (req, res, next) => {
+  try {
+    const stock = await getJson(`${upstream}/inventory/${req.params.id}`);
+    const items = Array.from({ length: 8 }, (_, i) => ({ sku: `item-${i}`, qty: i + 1, price: 9.5 * (i + 1) }));
+    res.json({
+      id: req.params.id,
+      request: req.requestId,
+      customer: { id: 7, name: 'benchmark', roles: ['reader', 'writer'] },
+      items,
+      total: items.reduce((sum, item) => sum + item.qty * item.price, 0),
+      stock,
+    });
+  } catch (err) {
+    next(err);
+  }
+});
+
+const server = app.listen(0, '127.0.0.1', () => report({ port: server.address().port, pid: process.pid }));
+
+process.stdin.on('end', async () => {
+  server.close();
+  server.closeAllConnections?.();
+  agent.destroy();
+  if (provider !== null) await provider.shutdown();
+  report({ spans: exported, served });
+  process.exit(0);
+});
+process.stdin.resume();
