@@ -41,13 +41,28 @@ function isFresh(entry) {
   return entry === view.NO_SPAN || (entry.schema === schema && (schema === null || schema.isCurrent(entry.attributes)));
 }
 
+/**
+ * A span's trace flags as published, or -1 when they are invalid. One rule
+ * for the manager and the direct API: `undefined` means 0, anything but an
+ * integer in 0..255 makes the span context invalid (the direct API throws
+ * a RangeError, the manager publishes no span).
+ */
+function validFlags(traceFlags) {
+  if (traceFlags === undefined) return 0;
+  return typeof traceFlags === 'number' && (traceFlags & 0xff) === traceFlags ? traceFlags : -1;
+}
+
 function entryForSpan(span) {
-  if (span === undefined) return view.NO_SPAN;
+  // Anything may be stored under the span key; only objects with a
+  // spanContext() method are spans.
+  if (typeof span !== 'object' || span === null || typeof span.spanContext !== 'function') return view.NO_SPAN;
   const cached = span[kEntry];
   if (cached !== undefined && isFresh(cached)) return cached;
   const sc = span.spanContext();
+  if (typeof sc !== 'object' || sc === null) return cache(span, view.NO_SPAN);
+  const flags = validFlags(sc.traceFlags);
   // entryFromIds returns NO_SPAN for malformed or all-zero (invalid) ids.
-  const entry = view.entryFromIds(sc.traceId, sc.spanId, sc.traceFlags);
+  const entry = flags < 0 ? view.NO_SPAN : view.entryFromIds(sc.traceId, sc.spanId, flags);
   if (entry === view.NO_SPAN || schema === null) return cache(span, entry);
   return cache(span, view.withAttributes(entry, schema, schema.encode(span)));
 }
@@ -55,20 +70,56 @@ function entryForSpan(span) {
 /**
  * The record entry for a context: parsed once per span, then one property
  * load (plus, with attributes configured, one comparison per attribute).
+ * Any value may be a context, as with the stock manager: only objects with
+ * a getValue() method (OpenTelemetry contexts) can carry a span.
  */
 function entryForContext(ctx) {
-  if (ctx === undefined || ctx === null) return view.NO_SPAN;
+  if (typeof ctx !== 'object' || ctx === null) return view.NO_SPAN;
   const cached = ctx[kEntry];
   if (cached !== undefined && isFresh(cached)) return cached;
+  if (typeof ctx.getValue !== 'function') return cache(ctx, view.NO_SPAN);
   return cache(ctx, entryForSpan(trace.getSpan(ctx)));
+}
+
+let failureReported = false;
+
+/**
+ * A context whose span could not be read (a throwing getter, Proxy trap,
+ * getValue or spanContext) publishes no span; the first such failure on
+ * the thread is reported through diag. Cannot throw.
+ */
+function publishFailure(ctx, error) {
+  view.publish(view.NO_SPAN);
+  try {
+    cache(ctx, view.NO_SPAN);
+  } catch {
+    // A Proxy refusing the property: the lookup is simply repeated next time.
+  }
+  if (failureReported) return;
+  failureReported = true;
+  try {
+    diag.warn(`otel-thread-ctx: a context's span could not be read, no span is published for it: ${error}`);
+  } catch {
+    // A throwing diag logger or error (toString): nothing else to report to.
+  }
 }
 
 /** The context whose span the record carries while JS runs on this thread. */
 let publishedContext;
 
+/**
+ * Publishes the span of `ctx`, whatever `ctx` is. Runs inside async hooks,
+ * so it cannot throw: a Proxy context can throw even from the cached-entry
+ * load, which no cheaper check rules out, and try/catch costs nothing on
+ * the path that does not throw.
+ */
 function publishContext(ctx) {
   publishedContext = ctx;
-  view.publish(entryForContext(ctx));
+  try {
+    view.publish(entryForContext(ctx));
+  } catch (error) {
+    publishFailure(ctx, error);
+  }
 }
 
 /**
