@@ -12,7 +12,7 @@
 // - the event loop going idle: the native side clears the record from a
 //   libuv prepare handle, right before the thread blocks (src/idle.rs).
 
-const { diag, trace } = require('@opentelemetry/api');
+const { context: contextApi, diag, trace } = require('@opentelemetry/api');
 const { AsyncLocalStorageContextManager } = require('@opentelemetry/context-async-hooks');
 const binding = require('./binding');
 const view = require('./record-view');
@@ -135,6 +135,61 @@ function publishMinimalProcessContext() {
   }
 }
 
+/**
+ * This thread's enabled managers; the last one publishes. Disabling the
+ * publisher hands publishing back to the most recently enabled one still
+ * enabled.
+ */
+const enabledManagers = [];
+let publisher = null;
+
+/** The API's global context manager, or null where the API does not say. */
+function registeredManager() {
+  try {
+    return typeof contextApi._getContextManager === 'function' ? contextApi._getContextManager() : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Puts `manager` on the stack: on top, unless another enabled manager is the
+ * API's global context manager. Then it goes just below that one, which
+ * keeps publishing: the API refuses a second registration (a second
+ * `provider.register()`), and the callbacks that run are the registered
+ * manager's.
+ */
+function pushEnabled(manager) {
+  const index = enabledManagers.indexOf(manager);
+  if (index >= 0) enabledManagers.splice(index, 1);
+  const registered = registeredManager();
+  const below = registered !== manager && registered instanceof ProfilingContextManager ? enabledManagers.indexOf(registered) : -1;
+  if (below >= 0) enabledManagers.splice(below, 0, manager);
+  else enabledManagers.push(manager);
+}
+
+/** Makes the top of the stack the publisher (or stops publishing when it is empty). */
+function updatePublisher() {
+  const next = enabledManagers.length === 0 ? null : enabledManagers[enabledManagers.length - 1];
+  if (next === publisher) return;
+  const previous = publisher;
+  if (previous !== null) previous._publishing = false;
+  publisher = next;
+  if (next === null) {
+    continuations.deactivate(previous);
+    schema = null;
+    binding.setClearOnIdle(false);
+    publishedContext = undefined;
+    view.publish(view.NO_SPAN);
+    return;
+  }
+  next._publishing = true;
+  continuations.activate(next, publishContext);
+  schema = next._attributeSchema;
+  binding.setClearOnIdle(true);
+  publishContext(next._asyncLocalStorage.getStore());
+}
+
 class ProfilingContextManager extends AsyncLocalStorageContextManager {
   /**
    * @param {{ attributes?: string[] }} [options] `attributes`: span attribute
@@ -146,6 +201,9 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     }
     const keys = validateKeys(options.attributes);
     super();
+    /** On this thread's stack of enabled managers. */
+    this._enabled = false;
+    /** The top of the stack: the manager whose contexts are published. */
     this._publishing = false;
     this._attributeSchema = keys.length === 0 ? null : new AttributeSchema(keys);
   }
@@ -153,27 +211,19 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
   enable() {
     super.enable();
     if (!this._publishing) {
-      this._publishing = true;
-      const replaced = continuations.activate(this, publishContext);
-      // Only the most recently enabled manager of a thread publishes.
-      if (replaced !== null && replaced !== this) replaced._publishing = false;
-      schema = this._attributeSchema;
-      binding.setClearOnIdle(true);
-      publishMinimalProcessContext();
-      publishContext(this._asyncLocalStorage.getStore());
+      if (!this._enabled) publishMinimalProcessContext();
+      this._enabled = true;
+      pushEnabled(this);
+      updatePublisher();
     }
     return this;
   }
 
   disable() {
-    if (this._publishing) {
-      this._publishing = false;
-      if (continuations.deactivate(this)) {
-        schema = null;
-        binding.setClearOnIdle(false);
-        publishedContext = undefined;
-        view.publish(view.NO_SPAN);
-      }
+    if (this._enabled) {
+      this._enabled = false;
+      enabledManagers.splice(enabledManagers.indexOf(this), 1);
+      updatePublisher();
     }
     return super.disable();
   }
