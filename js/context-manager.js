@@ -34,11 +34,17 @@ function cache(holder, entry) {
 let schema = null;
 
 /**
- * Whether a cached entry can be published as is: built for the current
- * schema, and its span's configured attributes unchanged since.
+ * Whether a cached entry can be published as is: its span not ended, built
+ * for the current schema, and its span's configured attributes unchanged
+ * since. `ended` is the SDK span's getter (other spans do not have it); once
+ * it is true the context's cache becomes NO_SPAN, so ended spans cost this
+ * check only once per context.
  */
 function isFresh(entry) {
-  return entry === view.NO_SPAN || (entry.schema === schema && (schema === null || schema.isCurrent(entry.attributes)));
+  return (
+    entry === view.NO_SPAN ||
+    (entry.span.ended !== true && entry.schema === schema && (schema === null || schema.isCurrent(entry.attributes)))
+  );
 }
 
 /**
@@ -58,13 +64,17 @@ function entryForSpan(span) {
   if (typeof span !== 'object' || span === null || typeof span.spanContext !== 'function') return view.NO_SPAN;
   const cached = span[kEntry];
   if (cached !== undefined && isFresh(cached)) return cached;
+  // A span outside its lifetime is never published.
+  if (span.ended === true) return cache(span, view.NO_SPAN);
   const sc = span.spanContext();
   if (typeof sc !== 'object' || sc === null) return cache(span, view.NO_SPAN);
   const flags = validFlags(sc.traceFlags);
   // entryFromIds returns NO_SPAN for malformed or all-zero (invalid) ids.
-  const entry = flags < 0 ? view.NO_SPAN : view.entryFromIds(sc.traceId, sc.spanId, flags);
-  if (entry === view.NO_SPAN || schema === null) return cache(span, entry);
-  return cache(span, view.withAttributes(entry, schema, schema.encode(span)));
+  let entry = flags < 0 ? view.NO_SPAN : view.entryFromIds(sc.traceId, sc.spanId, flags);
+  if (entry === view.NO_SPAN) return cache(span, entry);
+  if (schema !== null) entry = view.withAttributes(entry, schema, schema.encode(span));
+  entry.span = span;
+  return cache(span, entry);
 }
 
 /**
@@ -119,6 +129,19 @@ function publishContext(ctx) {
     view.publish(entryForContext(ctx));
   } catch (error) {
     publishFailure(ctx, error);
+  }
+}
+
+/**
+ * Called as a span ends (ProcessContextSpanProcessor.onEnd): if the record
+ * carries that span, it stops now rather than at the next context switch,
+ * so the code after `span.end()` is not attributed to the span. Cannot throw.
+ */
+function spanEnded(span) {
+  try {
+    if (publisher !== null && view.publishedEntry().span === span) publishContext(publishedContext);
+  } catch {
+    // Only a Proxy's cached entry can get here; the next context switch republishes.
   }
 }
 
@@ -255,4 +278,4 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
   }
 }
 
-module.exports = { ProfilingContextManager };
+module.exports = { ProfilingContextManager, spanEnded };

@@ -9,6 +9,7 @@
 
 const { diag } = require('@opentelemetry/api');
 const binding = require('./binding');
+const { spanEnded } = require('./context-manager');
 
 /** Deepest nesting the native side accepts (src/process_context/js.rs). */
 const MAX_DEPTH = 8;
@@ -182,7 +183,11 @@ class ProcessContextSpanProcessor {
     }
   }
 
-  onEnd() {}
+  onEnd(span) {
+    // The record stops carrying an ended span at once, not at the next
+    // context switch.
+    spanEnded(span);
+  }
 
   forceFlush() {
     return Promise.resolve();

@@ -48,6 +48,8 @@ class RecordEntry {
     this.attrsSize = attributes === null ? 0 : attributes.bytes.length;
     /** Bytes 24..27 as published; 0 (valid = 0) for NO_SPAN. */
     this.tail = valid === 0 ? 0 : tailWord(traceFlags, this.attrsSize);
+    /** The span these bytes are of (set by the manager; null for NO_SPAN). */
+    this.span = null;
   }
 }
 
@@ -164,9 +166,14 @@ function publishIds(traceIdHigh, traceIdLow, spanId, traceFlags) {
   words[TAIL_INDEX_U32] = tailWord(traceFlags, 0); // ORDER: last store
 }
 
+/** The entry last published (NO_SPAN after a direct write or clear). */
+function publishedEntry() {
+  return lastEntry === null ? NO_SPAN : lastEntry;
+}
+
 /** Marks the record invalid (the ids stay; readers ignore them). */
 function clear() {
   bytes[OFFSET_VALID] = 0;
 }
 
-module.exports = { NO_SPAN, entryFromIds, withAttributes, publish, publishIds, clear };
+module.exports = { NO_SPAN, entryFromIds, withAttributes, publish, publishIds, clear, publishedEntry };
