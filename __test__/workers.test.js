@@ -110,7 +110,7 @@ const TERMINATED = `
 test('terminate() at any moment: busy in a span, in Atomics.wait in a span, while requiring the package', async () => {
   const { Worker: W } = require('node:worker_threads');
   const addresses = [];
-  for (let i = 0; i < 45; i++) {
+  for (let i = 0; i < 24; i++) {
     const mode = ['busy', 'wait', 'require'][i % 3];
     const worker = new W(mode === 'require' ? `require(${JSON.stringify(require.resolve('..'))})` : TERMINATED, {
       eval: true,
@@ -118,7 +118,7 @@ test('terminate() at any moment: busy in a span, in Atomics.wait in a span, whil
     });
     if (mode === 'require') {
       // Anywhere from before the script starts to after the addon loaded.
-      await new Promise((r) => setTimeout(r, i % 15));
+      await new Promise((r) => setTimeout(r, (i * 3) % 20));
     } else {
       const [{ recordAddress }] = await once(worker, 'message');
       addresses.push(recordAddress);
