@@ -45,7 +45,9 @@ const BODY = `
 const pkg = CONTROL ? null : require(ROOT);
 const { readRecord } = CONTROL ? {} : require(path.join(ROOT, '__test__', 'helpers'));
 const hex = (n, width) => n.toString(16).padStart(width, '0');
-const counts = { started: 0, terminated: 0, exited: 0, liveMismatch: 0, staleValid: 0, errors: 0 };
+// staleValid: an ended worker's record still valid with its span.
+// reusedBeforeRead: its slot already taken by a new worker publishing its own.
+const counts = { started: 0, terminated: 0, exited: 0, liveMismatch: 0, staleValid: 0, reusedBeforeRead: 0, errors: 0 };
 
 async function one(i) {
   const release = new SharedArrayBuffer(4);
@@ -69,7 +71,11 @@ async function one(i) {
     await exit;
     counts.exited++;
   }
-  if (!CONTROL && readRecord('self', message.recordAddress).valid !== 0) counts.staleValid++;
+  if (!CONTROL) {
+    const r = readRecord('self', message.recordAddress);
+    if (r.valid === 1 && r.traceId === traceId && r.spanId === spanId) counts.staleValid++;
+    else if (r.valid !== 0) counts.reusedBeforeRead++;
+  }
 }
 
 async function main() {
