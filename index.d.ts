@@ -14,9 +14,16 @@ import type { AsyncLocalStorageContextManager } from '@opentelemetry/context-asy
  * - while the event loop is idle, no span is published (`valid = 0`);
  *   during a blocking call inside a span, that span stays published.
  *
- * A context without a valid span publishes `valid = 0`. Each thread
- * (main thread, every `worker_threads` worker) needs its own enabled
- * manager, as with any OpenTelemetry setup.
+ * A context without a valid span publishes `valid = 0`. Any value may be
+ * used as a context, exactly as with the stock manager; only OpenTelemetry
+ * contexts holding a valid span that has not ended publish one, and a
+ * context whose span cannot be read (throwing getters, Proxy traps)
+ * publishes `valid = 0` and is reported once through `diag`. Trace flags
+ * other than `undefined` (0) or an integer in 0..255 make the span context
+ * invalid. Each thread (main thread, every `worker_threads` worker) needs
+ * its own enabled manager, as with any OpenTelemetry setup; of several
+ * enabled managers on a thread, the most recently enabled one publishes
+ * (see the README for the rule with a registered global manager).
  */
 export declare class ProfilingContextManager extends AsyncLocalStorageContextManager implements ContextManager {
   /**
@@ -34,9 +41,15 @@ export declare class ProfilingContextManager extends AsyncLocalStorageContextMan
    * @throws {RangeError} when `attributes` has an empty or repeated key, or more than 256 keys.
    */
   constructor(options?: { attributes?: string[] });
-  /** Starts publishing on the calling thread. */
+  /**
+   * Starts publishing on the calling thread, unless another enabled manager
+   * is the API's global context manager (that one keeps publishing).
+   */
   enable(): this;
-  /** Stops publishing and leaves the calling thread's record invalid. */
+  /**
+   * Stops this manager publishing. The most recently enabled manager still
+   * enabled takes over; with none left, the record is left invalid.
+   */
   disable(): this;
   with<A extends unknown[], F extends (...args: A) => ReturnType<F>>(
     context: Context,
@@ -137,8 +150,11 @@ export type ProcessContextAttributes = { readonly [key: string]: ProcessContextV
 
 /** What `publishProcessContext` changes; an omitted (or null) option keeps its published value. */
 export interface ProcessContextOptions {
-  /** The resource attributes (`ProcessContext.resource`), replacing the published ones. */
-  resource?: ProcessContextAttributes | null;
+  /**
+   * The resource attributes (`ProcessContext.resource`), replacing the
+   * published ones: a plain object, or an SDK `Resource` (its `attributes`).
+   */
+  resource?: ProcessContextAttributes | { readonly attributes: ProcessContextAttributes; merge(other: unknown): unknown } | null;
   /**
    * Extra `ProcessContext.attributes`, replacing the published extras. Keys
    * starting with `threadlocal.` are reserved (RangeError).
@@ -155,12 +171,20 @@ export interface ProcessContextOptions {
  * never accept a torn one. Each given option replaces the published value,
  * omitted options stay as they were.
  *
- * @throws {TypeError} when `options` is not an object, an attribute set is
- *   not a plain object, a value is a function, symbol, typed array, buffer,
- *   date or promise, or `schemaVersion` is not a string.
+ * `options.resource` may also be an SDK `Resource`: its `attributes` are
+ * published. Sizes are checked before the input is walked (each array
+ * element counts for at least 4 payload bytes, each key for at least 3), so
+ * oversized input fails fast.
+ *
+ * @throws {TypeError} when `options` is not an object, an attribute set or
+ *   nested object is not a plain object (object literal or null prototype:
+ *   a `Map`, `Set`, class instance, typed array, buffer, date or promise is
+ *   refused), a value is a function or symbol, or `schemaVersion` is not a
+ *   string.
  * @throws {RangeError} for an empty attribute key or schemaVersion, a
  *   reserved `threadlocal.*` attribute, nesting deeper than 8 levels (cyclic
- *   objects), or a payload over 1 MiB.
+ *   objects), a payload over 1 MiB, or a Resource whose async attributes
+ *   are still pending.
  * @throws {Error} when the kernel refuses the mapping.
  *   On any error the published context is unchanged.
  */
@@ -174,8 +198,8 @@ export declare function publishProcessContext(options?: ProcessContextOptions): 
  * when a key was added (creating the mapping if nothing was published yet).
  *
  * @throws {TypeError} when `keys` is not an array of strings.
- * @throws {RangeError} for an empty key, or when the map would exceed 256
- *   keys; then none of the given keys is added.
+ * @throws {RangeError} for an empty key, more than 256 elements, or when the
+ *   map would exceed 256 keys; then none of the given keys is added.
  */
 export declare function registerAttributeKeys(keys: readonly string[]): number[];
 
@@ -226,9 +250,11 @@ export interface ProcessContextSpanProcessorOptions {
  * Resource as the process context: when the first span starts, and again
  * only when a span carries a Resource with different attributes. Resources
  * with pending async attributes are published once they settle. Values the
- * context cannot carry are left out; a failed publication is reported once
- * through `diag.warn` and never throws into the SDK. Costs one comparison
- * per span otherwise; `forceFlush` and `shutdown` do nothing.
+ * context cannot carry are left out; a failed publication, or anything a
+ * Resource's getters or detectors throw, is reported once through
+ * `diag.warn` and never thrown into the SDK. `onEnd` makes the thread's
+ * record stop carrying the ending span at once. Costs one comparison per
+ * span otherwise; `forceFlush` and `shutdown` do nothing.
  *
  * @example
  * new NodeSDK({

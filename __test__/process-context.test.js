@@ -348,3 +348,128 @@ test('a concurrent reader never accepts a torn payload while three threads repub
     await writer.exited();
   }
 });
+
+test('inputs too large for the limits are refused before they are walked, and change nothing', async () => {
+  const { next, exited } = spawnScript(`
+    const { publishProcessContext, registerAttributeKeys, processContextInfo } = require('.');
+    publishProcessContext({ resource: { 'service.name': 'kept' } });
+    registerAttributeKeys(['kept.key']);
+    const before = processContextInfo();
+    const sparse = []; sparse[1e7] = 'x';
+    const manyKeys = {}; for (let i = 0; i < 4e5; i++) manyKeys['k' + i] = null;
+    const outcome = (f) => { try { f(); return 'no error'; } catch (e) { return e.name; } };
+    const results = {
+      keysLength: outcome(() => registerAttributeKeys(new Array(2 ** 32 - 1))),
+      keysSparse: outcome(() => registerAttributeKeys(sparse)),
+      arrayLength: outcome(() => publishProcessContext({ resource: { x: new Array(2 ** 32 - 1) } })),
+      nestedLength: outcome(() => publishProcessContext({ attributes: { a: { b: [new Array(2 ** 31)] } } })),
+      sparseArray: outcome(() => publishProcessContext({ resource: { x: sparse } })),
+      manyKeys: outcome(() => publishProcessContext({ resource: manyKeys })),
+      manyNestedKeys: outcome(() => publishProcessContext({ resource: { nested: manyKeys } })),
+      longString: outcome(() => publishProcessContext({ resource: { s: 'x'.repeat(2 ** 26) } })),
+    };
+    console.log(JSON.stringify({ pid: process.pid, results, before, after: processContextInfo() },
+      (_k, v) => (typeof v === 'bigint' ? v.toString() : v)));
+    process.stdin.resume();
+    process.stdin.on('end', () => process.exit(0));
+  `);
+  try {
+    const { pid, results, before, after } = await next();
+    assert.deepStrictEqual(results, {
+      keysLength: 'RangeError',
+      keysSparse: 'RangeError',
+      arrayLength: 'RangeError',
+      nestedLength: 'RangeError',
+      sparseArray: 'RangeError',
+      manyKeys: 'RangeError',
+      manyNestedKeys: 'RangeError',
+      longString: 'RangeError',
+    });
+    assert.deepStrictEqual(after, before, 'nothing was published');
+    const { context } = readContext(pid);
+    assert.deepStrictEqual(context.resource, { 'service.name': 'kept' });
+    assert.deepStrictEqual(context.attributes['threadlocal.attribute_key_map'], ['kept.key']);
+  } finally {
+    assert.strictEqual(await exited(), 0);
+  }
+});
+
+test('Map, class instances, dates and sets are a TypeError, a pending Resource a RangeError; nothing changes', async () => {
+  const { next, exited } = spawnScript(`
+    const { resourceFromAttributes } = require('@opentelemetry/resources');
+    const { publishProcessContext, processContextInfo } = require('.');
+    const outcome = (f) => { try { f(); return 'no error'; } catch (e) { return e.name; } };
+    publishProcessContext({ resource: resourceFromAttributes({ 'service.name': 'from-resource', n: 3 }) });
+    const before = processContextInfo();
+    class Settings { constructor() { this.a = 1; } }
+    const pending = resourceFromAttributes({ later: new Promise(() => {}) });
+    const results = [
+      outcome(() => publishProcessContext({ resource: new Map([['a', 1]]) })),
+      outcome(() => publishProcessContext({ resource: new Settings() })),
+      outcome(() => publishProcessContext({ resource: { nested: new Settings() } })),
+      outcome(() => publishProcessContext({ resource: { when: new Date() } })),
+      outcome(() => publishProcessContext({ attributes: new Set() })),
+      outcome(() => publishProcessContext({ resource: pending })),
+      outcome(() => publishProcessContext({ resource: Object.assign(Object.create(null), { plain: 'yes' }) })),
+    ];
+    console.log(JSON.stringify({ pid: process.pid, results, before, after: processContextInfo() },
+      (_k, v) => (typeof v === 'bigint' ? v.toString() : v)));
+    process.stdin.resume();
+    process.stdin.on('end', () => process.exit(0));
+  `);
+  try {
+    const { pid, results, before, after } = await next();
+    assert.deepStrictEqual(results, ['TypeError', 'TypeError', 'TypeError', 'TypeError', 'TypeError', 'RangeError', 'no error']);
+    assert.strictEqual(after.publications, before.publications + 1, 'only the null-prototype object was published');
+    const { context } = readContext(pid);
+    assert.deepStrictEqual(context.resource, { plain: 'yes' });
+    assert.strictEqual(before.publications, 1);
+  } finally {
+    assert.strictEqual(await exited(), 0);
+  }
+});
+
+test('an SDK Resource published by hand is read from outside with its service.name', async () => {
+  const { next, exited } = spawnScript(`
+    const { resourceFromAttributes } = require('@opentelemetry/resources');
+    const { publishProcessContext } = require('.');
+    publishProcessContext({ resource: resourceFromAttributes({ 'service.name': 'from-resource', n: 3 }) });
+    console.log(JSON.stringify({ pid: process.pid }));
+    process.stdin.resume();
+    process.stdin.on('end', () => process.exit(0));
+  `);
+  try {
+    const { pid } = await next();
+    assert.deepStrictEqual(readContext(pid).context.resource, { 'service.name': 'from-resource', n: 3n });
+  } finally {
+    assert.strictEqual(await exited(), 0);
+  }
+});
+
+test('ProcessContextSpanProcessor never throws into the SDK', () => {
+  const { ProcessContextSpanProcessor } = require('..');
+  const { diag, DiagLogLevel } = require('@opentelemetry/api');
+  const warnings = [];
+  diag.setLogger({ warn: (m) => warnings.push(m), error() {}, info() {}, debug() {}, verbose() {} }, DiagLogLevel.WARN);
+  try {
+    const throwing = () => { throw new Error('third-party'); };
+    const spans = [
+      { resource: { get attributes() { return throwing(); } } },
+      { resource: new Proxy({}, { get: throwing, has: throwing }) },
+      { resource: { get asyncAttributesPending() { return throwing(); }, attributes: {} } },
+      { resource: { asyncAttributesPending: true, waitForAsyncAttributes: throwing, attributes: {} } },
+      { resource: { asyncAttributesPending: true, waitForAsyncAttributes: () => 'not a promise', attributes: {} } },
+      { resource: { attributes: new Proxy({}, { ownKeys: throwing }) } },
+      { get resource() { return throwing(); } },
+      new Proxy({}, { get: throwing }),
+    ];
+    for (const span of spans) {
+      const processor = new ProcessContextSpanProcessor();
+      assert.doesNotThrow(() => processor.onStart(span), 'onStart');
+      assert.doesNotThrow(() => processor.onEnd(span), 'onEnd');
+    }
+    assert.ok(warnings.length >= 1 && warnings.every((w) => w.includes('third-party')), JSON.stringify(warnings));
+  } finally {
+    diag.disable();
+  }
+});

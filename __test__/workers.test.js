@@ -85,3 +85,86 @@ test('many workers at once each publish their own span', async () => {
   }
   for (const { info } of running) assert.strictEqual(readRecord('self', info.recordAddress).valid, 0);
 });
+
+/** Runs GCs until exited workers' views are released (V8 finalizes them lazily). */
+async function settle() {
+  for (let i = 0; i < 40 && (registryStats().awaitingViewRelease > 0 || registryStats().attached > 1); i++) {
+    globalThis.gc?.();
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+const TERMINATED = `
+  const { parentPort, workerData } = require('node:worker_threads');
+  const { context, trace } = require('@opentelemetry/api');
+  const { ProfilingContextManager, threadInfo } = require(workerData.root);
+  context.setGlobalContextManager(new ProfilingContextManager().enable());
+  const sc = { traceId: workerData.traceId, spanId: workerData.spanId, traceFlags: 1 };
+  context.with(trace.setSpanContext(context.active(), sc), () => {
+    parentPort.postMessage({ recordAddress: threadInfo().recordAddress });
+    if (workerData.mode === 'wait') Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0);
+    else for (;;) Math.sqrt(Math.random());
+  });
+`;
+
+test('terminate() at any moment: busy in a span, in Atomics.wait in a span, while requiring the package', async () => {
+  const { Worker: W } = require('node:worker_threads');
+  const addresses = [];
+  for (let i = 0; i < 24; i++) {
+    const mode = ['busy', 'wait', 'require'][i % 3];
+    const worker = new W(mode === 'require' ? `require(${JSON.stringify(require.resolve('..'))})` : TERMINATED, {
+      eval: true,
+      workerData: { root: require.resolve('..'), traceId: hex(0xdead0000 + i, 32), spanId: hex(0xf00d0000 + i, 16), mode },
+    });
+    if (mode === 'require') {
+      // Anywhere from before the script starts to after the addon loaded.
+      await new Promise((r) => setTimeout(r, (i * 3) % 20));
+    } else {
+      const [{ recordAddress }] = await once(worker, 'message');
+      addresses.push(recordAddress);
+      const r = readRecord('self', recordAddress);
+      assert.strictEqual(r.valid, 1, `${mode} worker ${i} publishes its span`);
+    }
+    await worker.terminate();
+  }
+  for (const address of addresses) assert.strictEqual(readRecord('self', address).valid, 0, 'no stale valid record');
+  await settle();
+  const stats = registryStats();
+  assert.deepStrictEqual([stats.attached, stats.awaitingViewRelease, stats.free], [1, 0, stats.capacity - 1], 'no leaked slot');
+  // A worker on a recycled slot starts with an invalid record.
+  const fresh = new W(`
+    const { parentPort } = require('node:worker_threads');
+    const { threadInfo } = require(${JSON.stringify(require.resolve('..'))});
+    parentPort.postMessage({ recordAddress: threadInfo().recordAddress });
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0);
+  `, { eval: true });
+  const [{ recordAddress }] = await once(fresh, 'message');
+  assert.strictEqual(readRecord('self', recordAddress).valid, 0, 'a recycled slot holds no span');
+  await fresh.terminate();
+});
+
+const EXIT_WITH_WORKERS = `
+  const { Worker } = require('node:worker_threads');
+  const withPackage = process.argv[1] === 'with';
+  if (withPackage) require('.');
+  const body = withPackage ? ${JSON.stringify(TERMINATED)} : 'const w = require("node:worker_threads"); w.parentPort.postMessage({}); if (w.workerData.mode === "wait") Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0); else for (;;) Math.sqrt(Math.random());';
+  let ready = 0;
+  for (let i = 0; i < 64; i++) {
+    const mode = i % 8 ? 'wait' : 'busy';
+    const worker = new Worker(body, { eval: true, workerData: {
+      root: require.resolve('.'), traceId: (i + 1).toString(16).padStart(32, '0'), spanId: (i + 1).toString(16).padStart(16, '0'), mode,
+    } });
+    worker.once('message', () => { if (++ready === 64) process.exit(7); });
+  }
+`;
+
+test('process.exit() with 64 workers alive inside spans: the exit code is the one without the package', async () => {
+  const { spawnSync } = require('node:child_process');
+  const root = require('node:path').resolve(__dirname, '..');
+  const run = (mode) => spawnSync(process.execPath, ['-e', EXIT_WITH_WORKERS, mode], { cwd: root, timeout: 60000 });
+  const control = run('without');
+  const withPackage = run('with');
+  assert.deepStrictEqual([control.status, control.signal], [7, null], `control: ${control.stderr}`);
+  assert.deepStrictEqual([withPackage.status, withPackage.signal], [control.status, control.signal], `${withPackage.stderr}`);
+  assert.strictEqual(withPackage.stderr.toString(), '', 'nothing printed');
+});

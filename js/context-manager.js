@@ -12,7 +12,7 @@
 // - the event loop going idle: the native side clears the record from a
 //   libuv prepare handle, right before the thread blocks (src/idle.rs).
 
-const { diag, trace } = require('@opentelemetry/api');
+const { context: contextApi, diag, trace } = require('@opentelemetry/api');
 const { AsyncLocalStorageContextManager } = require('@opentelemetry/context-async-hooks');
 const binding = require('./binding');
 const view = require('./record-view');
@@ -37,47 +37,116 @@ function cache(holder, entry) {
 let schema = null;
 
 /**
- * Whether a cached entry can be published as is: built for the current
- * schema, and its span's configured attributes unchanged since.
+ * Whether a cached entry can be published as is: its span not ended, built
+ * for the current schema, and its span's configured attributes unchanged
+ * since. `ended` is the SDK span's getter (other spans do not have it); once
+ * it is true the context's cache becomes NO_SPAN, so ended spans cost this
+ * check only once per context.
  */
 function isFresh(entry) {
-  // NO_SPAN (schema null) is checked last: without attributes configured
-  // every other entry passes on the first comparison.
-  if (entry.schema === schema) return schema === null || schema.isCurrent(entry.attributes);
-  return entry === NO_SPAN;
+  if (entry === NO_SPAN) return true;
+  return entry.schema === schema && entry.span.ended !== true && (schema === null || schema.isCurrent(entry.attributes));
+}
+
+/**
+ * A span's trace flags as published, or -1 when they are invalid. One rule
+ * for the manager and the direct API: `undefined` means 0, anything but an
+ * integer in 0..255 makes the span context invalid (the direct API throws
+ * a RangeError, the manager publishes no span).
+ */
+function validFlags(traceFlags) {
+  if (traceFlags === undefined) return 0;
+  return typeof traceFlags === 'number' && (traceFlags & 0xff) === traceFlags ? traceFlags : -1;
 }
 
 function entryForSpan(span) {
-  if (span === undefined) return NO_SPAN;
+  // Anything may be stored under the span key; only objects with a
+  // spanContext() method are spans.
+  if (typeof span !== 'object' || span === null || typeof span.spanContext !== 'function') return NO_SPAN;
   const cached = span[kEntry];
   if (cached !== undefined && isFresh(cached)) return cached;
   sdkResource.onNewSpan(span);
+  // A span outside its lifetime is never published.
+  if (span.ended === true) return cache(span, NO_SPAN);
   const sc = span.spanContext();
+  if (typeof sc !== 'object' || sc === null) return cache(span, NO_SPAN);
+  const flags = validFlags(sc.traceFlags);
   // entryFromIds returns NO_SPAN for malformed or all-zero (invalid) ids.
-  const entry = view.entryFromIds(sc.traceId, sc.spanId, sc.traceFlags);
-  if (entry === NO_SPAN || schema === null) return cache(span, entry);
-  return cache(span, view.withAttributes(entry, schema, schema.encode(span)));
+  let entry = flags < 0 ? NO_SPAN : view.entryFromIds(sc.traceId, sc.spanId, flags);
+  if (entry === NO_SPAN) return cache(span, entry);
+  if (schema !== null) entry = view.withAttributes(entry, schema, schema.encode(span));
+  entry.span = span;
+  return cache(span, entry);
 }
 
 /**
  * The record entry for a context: parsed once per span, then one property
  * load (plus, with attributes configured, one comparison per attribute).
+ * Any value may be a context, as with the stock manager: only objects with
+ * a getValue() method (OpenTelemetry contexts) can carry a span.
  */
 function entryForContext(ctx) {
-  if (ctx === undefined || ctx === null) return NO_SPAN;
+  if (typeof ctx !== 'object' || ctx === null) return NO_SPAN;
   const cached = ctx[kEntry];
   if (cached !== undefined && isFresh(cached)) return cached;
+  if (typeof ctx.getValue !== 'function') return cache(ctx, NO_SPAN);
   return cache(ctx, entryForSpan(trace.getSpan(ctx)));
+}
+
+let failureReported = false;
+
+/**
+ * A context whose span could not be read (a throwing getter, Proxy trap,
+ * getValue or spanContext) publishes no span; the first such failure on
+ * the thread is reported through diag. Cannot throw.
+ */
+function publishFailure(ctx, error) {
+  view.publish(NO_SPAN);
+  try {
+    cache(ctx, NO_SPAN);
+  } catch {
+    // A Proxy refusing the property: the lookup is simply repeated next time.
+  }
+  if (failureReported) return;
+  failureReported = true;
+  try {
+    diag.warn(`otel-thread-ctx: a context's span could not be read, no span is published for it: ${error}`);
+  } catch {
+    // A throwing diag logger or error (toString): nothing else to report to.
+  }
 }
 
 /** The context whose span the record carries while JS runs on this thread. */
 let publishedContext;
 
+/**
+ * Publishes the span of `ctx`, whatever `ctx` is. Runs inside async hooks,
+ * so it cannot throw: a Proxy context can throw even from the cached-entry
+ * load, which no cheaper check rules out, and try/catch costs nothing on
+ * the path that does not throw.
+ */
 function publishContext(ctx) {
   // Callbacks of one request often run back to back; skipping the
   // unchanged store saves its write barrier.
   if (ctx !== publishedContext) publishedContext = ctx;
-  view.publish(entryForContext(ctx));
+  try {
+    view.publish(entryForContext(ctx));
+  } catch (error) {
+    publishFailure(ctx, error);
+  }
+}
+
+/**
+ * Called as a span ends (ProcessContextSpanProcessor.onEnd): if the record
+ * carries that span, it stops now rather than at the next context switch,
+ * so the code after `span.end()` is not attributed to the span. Cannot throw.
+ */
+function spanEnded(span) {
+  try {
+    if (publisher !== null && view.publishedEntry().span === span) publishContext(publishedContext);
+  } catch {
+    // Only a Proxy's cached entry can get here; the next context switch republishes.
+  }
 }
 
 /**
@@ -93,6 +162,61 @@ function publishMinimalProcessContext() {
   }
 }
 
+/**
+ * This thread's enabled managers; the last one publishes. Disabling the
+ * publisher hands publishing back to the most recently enabled one still
+ * enabled.
+ */
+const enabledManagers = [];
+let publisher = null;
+
+/** The API's global context manager, or null where the API does not say. */
+function registeredManager() {
+  try {
+    return typeof contextApi._getContextManager === 'function' ? contextApi._getContextManager() : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Puts `manager` on the stack: on top, unless another enabled manager is the
+ * API's global context manager. Then it goes just below that one, which
+ * keeps publishing: the API refuses a second registration (a second
+ * `provider.register()`), and the callbacks that run are the registered
+ * manager's.
+ */
+function pushEnabled(manager) {
+  const index = enabledManagers.indexOf(manager);
+  if (index >= 0) enabledManagers.splice(index, 1);
+  const registered = registeredManager();
+  const below = registered !== manager && registered instanceof ProfilingContextManager ? enabledManagers.indexOf(registered) : -1;
+  if (below >= 0) enabledManagers.splice(below, 0, manager);
+  else enabledManagers.push(manager);
+}
+
+/** Makes the top of the stack the publisher (or stops publishing when it is empty). */
+function updatePublisher() {
+  const next = enabledManagers.length === 0 ? null : enabledManagers[enabledManagers.length - 1];
+  if (next === publisher) return;
+  const previous = publisher;
+  if (previous !== null) previous._publishing = false;
+  publisher = next;
+  if (next === null) {
+    continuations.deactivate(previous);
+    schema = null;
+    binding.setClearOnIdle(false);
+    publishedContext = undefined;
+    view.publish(NO_SPAN);
+    return;
+  }
+  next._publishing = true;
+  continuations.activate(next, publishContext);
+  schema = next._attributeSchema;
+  binding.setClearOnIdle(true);
+  publishContext(next._asyncLocalStorage.getStore());
+}
+
 class ProfilingContextManager extends AsyncLocalStorageContextManager {
   /**
    * @param {{ attributes?: string[] }} [options] `attributes`: span attribute
@@ -104,6 +228,9 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     }
     const keys = validateKeys(options.attributes);
     super();
+    /** On this thread's stack of enabled managers. */
+    this._enabled = false;
+    /** The top of the stack: the manager whose contexts are published. */
     this._publishing = false;
     this._attributeSchema = keys.length === 0 ? null : new AttributeSchema(keys);
   }
@@ -111,27 +238,19 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
   enable() {
     super.enable();
     if (!this._publishing) {
-      this._publishing = true;
-      const replaced = continuations.activate(this, publishContext);
-      // Only the most recently enabled manager of a thread publishes.
-      if (replaced !== null && replaced !== this) replaced._publishing = false;
-      schema = this._attributeSchema;
-      binding.setClearOnIdle(true);
-      publishMinimalProcessContext();
-      publishContext(this._asyncLocalStorage.getStore());
+      if (!this._enabled) publishMinimalProcessContext();
+      this._enabled = true;
+      pushEnabled(this);
+      updatePublisher();
     }
     return this;
   }
 
   disable() {
-    if (this._publishing) {
-      this._publishing = false;
-      if (continuations.deactivate(this)) {
-        schema = null;
-        binding.setClearOnIdle(false);
-        publishedContext = undefined;
-        view.publish(NO_SPAN);
-      }
+    if (this._enabled) {
+      this._enabled = false;
+      enabledManagers.splice(enabledManagers.indexOf(this), 1);
+      updatePublisher();
     }
     return super.disable();
   }
@@ -163,4 +282,4 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
   }
 }
 
-module.exports = { ProfilingContextManager };
+module.exports = { ProfilingContextManager, spanEnded };

@@ -26,7 +26,8 @@ let storage = null;
 let publish = null;
 
 function onCallback() {
-  publish(storage.getStore());
+  // A hook already under way when the last manager was disabled still runs.
+  if (storage !== null) publish(storage.getStore());
 }
 
 /** True when AsyncLocalStorage is implemented with AsyncContextFrame. */

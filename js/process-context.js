@@ -9,6 +9,7 @@
 
 const { diag } = require('@opentelemetry/api');
 const binding = require('./binding');
+const { spanEnded } = require('./context-manager');
 
 /** Deepest nesting the native side accepts (src/process_context/js.rs). */
 const MAX_DEPTH = 8;
@@ -22,10 +23,42 @@ function resourcePublishedExplicitly() {
 }
 
 /**
- * Publishes or updates the process context. Validation is native: bad
- * input throws TypeError/RangeError and changes nothing.
+ * True for an OpenTelemetry SDK `Resource` (1.x class or 2.x
+ * `resourceFromAttributes()`): its attributes are behind a getter, its own
+ * fields are private state.
+ */
+function isSdkResource(value) {
+  return typeof value === 'object' && value !== null && typeof value.merge === 'function' && 'attributes' in value;
+}
+
+function resourceAttributes(resource) {
+  if (resource.asyncAttributesPending) {
+    // Reading them now would publish a partial set (and log an SDK error).
+    const err = new RangeError(
+      'The "options.resource" Resource has async attributes pending: await resource.waitForAsyncAttributes() first',
+    );
+    err.code = 'ERR_OUT_OF_RANGE';
+    throw err;
+  }
+  return resource.attributes;
+}
+
+/**
+ * Publishes or updates the process context. `options.resource` is a plain
+ * object of attributes or an SDK Resource (its attributes are published).
+ * Validation is native: bad input throws TypeError/RangeError and changes
+ * nothing.
  */
 function publishProcessContext(options) {
+  if (typeof options === 'object' && options !== null && !Array.isArray(options)) {
+    // Each option is read once, here; the native side reads this copy.
+    const resource = options.resource;
+    options = {
+      resource: isSdkResource(resource) ? resourceAttributes(resource) : resource,
+      attributes: options.attributes,
+      schemaVersion: options.schemaVersion,
+    };
+  }
   binding.publishProcessContext(options);
   if (options?.resource !== undefined) explicitResource = true;
 }
@@ -40,16 +73,11 @@ function processContextInfo() {
   return binding.processContextInfo();
 }
 
+/** Object literals and null-prototype objects: what the native side publishes as key/value lists. */
 function isPlainObject(value) {
-  return (
-    typeof value === 'object' &&
-    value !== null &&
-    !Array.isArray(value) &&
-    !ArrayBuffer.isView(value) &&
-    !(value instanceof ArrayBuffer) &&
-    !(value instanceof Date) &&
-    !(value instanceof Promise)
-  );
+  if (typeof value !== 'object' || value === null) return false;
+  const prototype = Object.getPrototypeOf(value);
+  return prototype === Object.prototype || prototype === null;
 }
 
 /**
@@ -122,38 +150,56 @@ class ProcessContextSpanProcessor {
   }
 
   onStart(span) {
-    const resource = span.resource;
-    if (resource === this._resource || resource == null) return;
-    this._resource = resource;
-    if (resource.asyncAttributesPending && typeof resource.waitForAsyncAttributes === 'function') {
-      // Reading `attributes` before async detectors settle yields a partial
-      // set (and an SDK error log): publish once they are final.
-      resource.waitForAsyncAttributes().then(
-        () => this._resource === resource && this._publish(resource),
-        () => {},
-      );
-      return;
+    // Resources, their getters and detectors are third-party code: whatever
+    // they throw is reported, never thrown into the SDK.
+    try {
+      const resource = span.resource;
+      if (resource === this._resource || resource == null) return;
+      this._resource = resource;
+      if (resource.asyncAttributesPending && typeof resource.waitForAsyncAttributes === 'function') {
+        // Reading `attributes` before async detectors settle yields a partial
+        // set (and an SDK error log): publish once they are final.
+        Promise.resolve(resource.waitForAsyncAttributes()).then(
+          () => this._resource === resource && this._publish(resource),
+          (error) => this._warn(error),
+        );
+        return;
+      }
+      this._publish(resource);
+    } catch (error) {
+      this._warn(error);
     }
-    this._publish(resource);
   }
 
   _publish(resource) {
-    const attributes = publishableAttributes(resource.attributes ?? {});
-    const print = fingerprint(attributes);
-    if (print === this._published) return;
     try {
+      const attributes = publishableAttributes(resource.attributes ?? {});
+      const print = fingerprint(attributes);
+      if (print === this._published) return;
       binding.publishProcessContext({ ...this._options, resource: attributes });
       this._published = print;
       if (this._explicit) explicitResource = true;
     } catch (error) {
-      if (!this._warned) {
-        this._warned = true;
-        diag.warn(`otel-thread-ctx: cannot publish the process context: ${error.message}`);
-      }
+      this._warn(error);
     }
   }
 
-  onEnd() {}
+  /** Reports the first failure through diag; cannot throw. */
+  _warn(error) {
+    if (this._warned) return;
+    this._warned = true;
+    try {
+      diag.warn(`otel-thread-ctx: cannot publish the process context: ${error?.message ?? error}`);
+    } catch {
+      // A throwing logger or error: nothing else to report to.
+    }
+  }
+
+  onEnd(span) {
+    // The record stops carrying an ended span at once, not at the next
+    // context switch.
+    spanEnded(span);
+  }
 
   forceFlush() {
     return Promise.resolve();

@@ -6,13 +6,28 @@
 // Entries (the bytes of one span context) are built once per span and
 // reused, so a context switch copies seven words.
 
+const { diag } = require('@opentelemetry/api');
 const binding = require('./binding');
 
 const OFFSET_VALID = 24;
 const OFFSET_ATTRS_DATA = 28;
 const TAIL_INDEX_U32 = 6; // bytes 24..27: valid, trace_flags, attrs_data_size
+const RECORD_SIZE = 640;
 
-const buffer = binding.recordBuffer();
+/**
+ * Why the record cannot be viewed directly, or null. Where the runtime
+ * forbids external ArrayBuffers (V8 sandbox builds), the writers below
+ * build the record in a buffer of their own and copy it through a napi
+ * call: slower, same protocol.
+ */
+let noViewReason = null;
+let buffer;
+try {
+  buffer = binding.recordBuffer();
+} catch (error) {
+  noViewReason = error;
+  buffer = new ArrayBuffer(RECORD_SIZE);
+}
 const bytes = new Uint8Array(buffer);
 const words = new Uint32Array(buffer, 0, 7);
 const ids = new DataView(buffer, 0, 24);
@@ -48,6 +63,8 @@ class RecordEntry {
     this.attrsSize = attributes === null ? 0 : attributes.bytes.length;
     /** Bytes 24..27 as published; 0 (valid = 0) for NO_SPAN. */
     this.tail = valid === 0 ? 0 : tailWord(traceFlags, this.attrsSize);
+    /** The span these bytes are of (set by the manager; null for NO_SPAN). */
+    this.span = null;
   }
 }
 
@@ -160,9 +177,87 @@ function publishIds(traceIdHigh, traceIdLow, spanId, traceFlags) {
   words[TAIL_INDEX_U32] = tailWord(traceFlags, 0); // ORDER: last store
 }
 
+/**
+ * The entry the record carries now: the held one while the record is valid
+ * with its tail word (an idle clear or a NO_SPAN publish leaves it
+ * invalid), NO_SPAN otherwise.
+ */
+function publishedEntry() {
+  return heldEntry !== null && words[TAIL_INDEX_U32] === heldEntry.tail ? heldEntry : NO_SPAN;
+}
+
 /** Marks the record invalid (the ids stay; readers ignore them). */
 function clear() {
   bytes[OFFSET_VALID] = 0;
 }
 
-module.exports = { NO_SPAN, entryFromIds, withAttributes, publish, publishIds, clear };
+// The writers where the record cannot be viewed: the same entries, written
+// into `buffer` and copied with the protocol by the native side. They never
+// skip a write: the native side may have cleared the record in between.
+
+/** The entry the napi writers published last (null after a direct write). */
+let lastEntry = NO_SPAN;
+
+function publishedEntryThroughNapi() {
+  return lastEntry === null ? NO_SPAN : lastEntry;
+}
+
+let warned = false;
+function warnOnce() {
+  warned = true;
+  try {
+    diag.warn(
+      `otel-thread-ctx: the thread's record cannot be viewed from JavaScript (${noViewReason?.message}); ` +
+        'it is written through napi calls instead, which costs more per context switch',
+    );
+  } catch {
+    // A throwing diag logger: nothing else to report to.
+  }
+}
+
+function publishThroughNapi(entry) {
+  if (!warned) warnOnce();
+  lastEntry = entry;
+  if (entry.valid === 0) {
+    binding.clearRecord();
+    return;
+  }
+  words[0] = entry.w0;
+  words[1] = entry.w1;
+  words[2] = entry.w2;
+  words[3] = entry.w3;
+  words[4] = entry.w4;
+  words[5] = entry.w5;
+  words[TAIL_INDEX_U32] = entry.tail;
+  if (entry.attrsSize !== 0) bytes.set(entry.attributes.bytes, OFFSET_ATTRS_DATA);
+  binding.writeRecord(bytes.subarray(0, OFFSET_ATTRS_DATA + entry.attrsSize));
+}
+
+function publishIdsThroughNapi(traceIdHigh, traceIdLow, spanId, traceFlags) {
+  if (!warned) warnOnce();
+  lastEntry = null;
+  ids.setBigUint64(0, traceIdHigh);
+  ids.setBigUint64(8, traceIdLow);
+  ids.setBigUint64(16, spanId);
+  words[TAIL_INDEX_U32] = tailWord(traceFlags, 0);
+  binding.writeRecord(bytes.subarray(0, OFFSET_ATTRS_DATA));
+}
+
+function clearThroughNapi() {
+  if (!warned) warnOnce();
+  binding.clearRecord();
+}
+
+module.exports =
+  noViewReason === null
+    ? { NO_SPAN, entryFromIds, withAttributes, publish, publishIds, clear, publishedEntry, writer: 'view' }
+    : {
+        NO_SPAN,
+        entryFromIds,
+        withAttributes,
+        publish: publishThroughNapi,
+        publishIds: publishIdsThroughNapi,
+        clear: clearThroughNapi,
+        publishedEntry: publishedEntryThroughNapi,
+        writer: 'napi',
+      };

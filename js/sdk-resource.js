@@ -11,7 +11,9 @@
 // which sees spans before they become active), on this thread or any other,
 // is left as it is.
 
-const processContext = require('./process-context');
+// Required on first use: process-context.js requires the manager, which
+// requires this module.
+let processContext = null;
 
 let watching = true;
 let publisher = null;
@@ -35,6 +37,7 @@ function settledAttributes(resource) {
 function onNewSpan(span) {
   if (!watching) return;
   try {
+    processContext ??= require('./process-context');
     const resource = span.resource;
     if (resource == null || typeof resource !== 'object') return;
     watching = false;

@@ -12,7 +12,7 @@ mod registry;
 mod tls;
 mod view;
 
-use napi::bindgen_prelude::{BigInt, Env, Error, Object, Result, Status, Unknown};
+use napi::bindgen_prelude::{BigInt, Env, Error, Object, Result, Status, Uint8Array, Unknown};
 use napi::sys;
 use napi_derive::napi;
 
@@ -121,6 +121,29 @@ pub fn set_clear_on_idle(env: Env, enabled: bool) -> Result<bool> {
 pub fn record_buffer(env: Env) -> Result<sys::napi_value> {
     let slot = current_slot(&env)?;
     view::get_or_create(&env, slot)
+}
+
+/// Writes a record image (header, then attributes) into the calling
+/// thread's record: the writer for environments without external
+/// `ArrayBuffer`s, where `recordBuffer()` fails.
+#[napi]
+pub fn write_record(env: Env, image: Uint8Array) -> Result<()> {
+    let slot = current_slot(&env)?;
+    if image.len() < record::HEADER_SIZE || image.len() > RECORD_SIZE {
+        return args::range_error(&env, "a record image is 28 to 640 bytes");
+    }
+    // SAFETY: the slot's record is live and owned by this thread.
+    unsafe { record::write_image(slot.record, &image) };
+    Ok(())
+}
+
+/// Marks the calling thread's record invalid (the fallback writer's clear).
+#[napi]
+pub fn clear_record(env: Env) -> Result<()> {
+    let slot = current_slot(&env)?;
+    // SAFETY: as above.
+    unsafe { record::invalidate(slot.record) };
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------

@@ -115,6 +115,34 @@ pub unsafe fn invalidate(record: *mut ThreadContextRecord) {
     compiler_fence(Ordering::SeqCst);
 }
 
+/// Writes a record image (its header, then `attrs_data_size` bytes of
+/// attributes) with the publish protocol: `valid = 0`, the fields, then the
+/// image's `valid` byte last. For environments where JavaScript cannot view
+/// the record directly (no external `ArrayBuffer`s).
+///
+/// # Safety
+/// `record` must point at a live record owned by the calling thread.
+pub unsafe fn write_image(record: *mut ThreadContextRecord, image: &[u8]) {
+    assert!(image.len() >= HEADER_SIZE && image.len() <= RECORD_SIZE);
+    let bytes = record.cast::<u8>();
+    // SAFETY: as for `invalidate`; every offset written is below RECORD_SIZE
+    // (asserted above), and volatile byte stores never create references to
+    // memory JavaScript may also view.
+    unsafe {
+        write_volatile(addr_of_mut!((*record).valid), 0);
+        // ORDER: a sampler that interrupts us below sees valid = 0.
+        compiler_fence(Ordering::SeqCst);
+        for (offset, &byte) in image.iter().enumerate() {
+            if offset != OFFSET_VALID {
+                write_volatile(bytes.add(offset), byte);
+            }
+        }
+        // ORDER: every field is in memory before valid = 1 makes it readable.
+        compiler_fence(Ordering::SeqCst);
+        write_volatile(addr_of_mut!((*record).valid), image[OFFSET_VALID]);
+    }
+}
+
 /// Resets a record to all zeroes (valid = 0 first), for a slot being recycled.
 ///
 /// # Safety
@@ -141,6 +169,23 @@ mod tests {
         let ids = SpanIds::from_words(0x0102030405060708, 0x090a0b0c0d0e0f10, 0x1112131415161718, 1);
         assert_eq!(ids.trace_id, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
         assert_eq!(ids.span_id, [0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18]);
+    }
+
+    #[test]
+    fn write_image_copies_header_and_attributes() {
+        let mut rec = blank();
+        let mut image = vec![0u8; HEADER_SIZE + 3];
+        image[..16].copy_from_slice(&[0xab; 16]);
+        image[16..24].copy_from_slice(&[0xcd; 8]);
+        image[OFFSET_VALID] = 1;
+        image[OFFSET_TRACE_FLAGS] = 1;
+        image[OFFSET_ATTRS_DATA_SIZE..OFFSET_ATTRS_DATA].copy_from_slice(&3u16.to_ne_bytes());
+        image[OFFSET_ATTRS_DATA..].copy_from_slice(&[0, 1, b'x']);
+        unsafe { write_image(&mut *rec, &image) };
+        assert_eq!(rec.trace_id, [0xab; 16]);
+        assert_eq!(rec.span_id, [0xcd; 8]);
+        assert_eq!((rec.valid, rec.trace_flags, rec.attrs_data_size), (1, 1, 3));
+        assert_eq!(&rec.attrs_data[..3], &[0, 1, b'x']);
     }
 
     #[test]

@@ -10,6 +10,10 @@ use napi::sys;
 use crate::record::RECORD_SIZE;
 use crate::registry::{self, Holder, Slot};
 
+/// Set (to anything) to make `get_or_create` fail as it does where the
+/// runtime forbids external buffers, so the fallback writer can be tested.
+const SIMULATE_NO_EXTERNAL_BUFFERS: &str = "OTEL_THREAD_CTX_SIMULATE_NO_EXTERNAL_BUFFERS";
+
 thread_local! {
     /// Strong reference to this thread's buffer, held until env teardown.
     static BUFFER: Cell<sys::napi_ref> = const { Cell::new(std::ptr::null_mut()) };
@@ -27,6 +31,12 @@ pub fn get_or_create(env: &Env, slot: Slot) -> Result<sys::napi_value> {
         // SAFETY: `existing` is a live strong reference created below in this env.
         napi::check_status!(unsafe { sys::napi_get_reference_value(env.raw(), existing, &mut value) })?;
         return Ok(value);
+    }
+    if std::env::var_os(SIMULATE_NO_EXTERNAL_BUFFERS).is_some() {
+        return Err(Error::new(
+            Status::NoExternalBuffersAllowed,
+            format!("external buffers are not allowed ({SIMULATE_NO_EXTERNAL_BUFFERS} is set)"),
+        ));
     }
     registry::hold_view(slot.index);
     // SAFETY: the record stays mapped for the life of the process and the

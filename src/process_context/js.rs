@@ -24,6 +24,7 @@
 //! decoders accept only string, int, array and kvlist values: one such
 //! attribute would otherwise make the whole context unreadable for them.
 
+use std::cell::Cell;
 use std::ffi::CStr;
 use std::ptr;
 
@@ -31,20 +32,59 @@ use napi::bindgen_prelude::{Env, Error, Result, Status, Unknown};
 use napi::{check_status, sys, JsValue};
 
 use super::payload::{any_value, AnyValue, KeyValue, RESERVED_PREFIX};
-use super::{PublishError, Update};
+use super::{PublishError, Update, MAX_KEYS, MAX_PAYLOAD_BYTES};
 use crate::args::{range_error, type_error};
 
 /// Deepest nesting of arrays and kvlists accepted (a top-level value is at
 /// depth 1). Also what stops a cyclic object.
 pub const MAX_DEPTH: usize = 8;
 
+/// Bytes every array element adds to the payload at the least: its tag and
+/// length, and a value's tag and one byte (`null` elements become zero values).
+const MIN_ELEMENT_BYTES: usize = 4;
+/// Bytes every key counts for at the least: a pair's tag and length, and one
+/// key byte. Keys whose value is left out count too, so that an object with
+/// more keys than the limit allows is refused before its keys are read.
+const MIN_KEY_BYTES: usize = 3;
+
 /// Raw napi helpers over one env. Each returns `Err` with the napi status
 /// (`PendingException` when a getter threw: the exception propagates).
+///
+/// `budget` bounds the work done on any input: it starts at the largest
+/// payload, every array element, key and string is charged the bytes it
+/// adds to the payload at the least *before* it is read, and running out is
+/// a `RangeError`. So a huge `length` or key count costs one comparison, and
+/// no input makes this walk or allocate more than the limit allows.
 struct Js<'a> {
     env: &'a Env,
+    budget: Cell<usize>,
+    object_prototype: Cell<sys::napi_value>,
 }
 
-impl Js<'_> {
+impl<'a> Js<'a> {
+    fn new(env: &'a Env) -> Self {
+        Js { env, budget: Cell::new(MAX_PAYLOAD_BYTES), object_prototype: Cell::new(ptr::null_mut()) }
+    }
+
+    /// Charges `bytes` of payload; a `RangeError` once the total would exceed the limit.
+    fn charge(&self, bytes: usize, path: &str) -> Result<()> {
+        match self.budget.get().checked_sub(bytes) {
+            Some(left) => {
+                self.budget.set(left);
+                Ok(())
+            }
+            None => range_error(
+                self.env,
+                &format!("{path}: the process context payload would exceed {MAX_PAYLOAD_BYTES} bytes"),
+            ),
+        }
+    }
+
+    /// Charges `count` items of at least `each` bytes, without overflow.
+    fn charge_items(&self, count: u32, each: usize, path: &str) -> Result<()> {
+        self.charge((count as usize).saturating_mul(each), path)
+    }
+
     fn raw(&self) -> sys::napi_env {
         self.env.raw()
     }
@@ -63,26 +103,36 @@ impl Js<'_> {
         Ok(result)
     }
 
-    /// True for objects whose own keys are not their content (binary data,
-    /// dates, promises): refusing them beats publishing `{"0": 1, ...}`.
-    fn is_opaque_object(&self, value: sys::napi_value) -> Result<bool> {
-        type Check = unsafe extern "C" fn(sys::napi_env, sys::napi_value, *mut bool) -> sys::napi_status;
-        let checks: [Check; 5] = [
-            sys::napi_is_typedarray,
-            sys::napi_is_arraybuffer,
-            sys::napi_is_dataview,
-            sys::napi_is_date,
-            sys::napi_is_promise,
-        ];
-        for check in checks {
-            let mut result = false;
-            // SAFETY: as above.
-            check_status!(unsafe { check(self.raw(), value, &mut result) })?;
-            if result {
-                return Ok(true);
-            }
+    /// True for objects whose prototype is `Object.prototype` or null:
+    /// literals and `Object.create(null)`. Anything else (class instances,
+    /// `Map`, dates, binary data, an SDK `Resource`) keeps its content
+    /// somewhere its own keys do not show, so publishing those keys would
+    /// publish the wrong thing.
+    fn is_plain_object(&self, value: sys::napi_value) -> Result<bool> {
+        let mut prototype = ptr::null_mut();
+        // SAFETY: `value` is a live object handle; a Proxy trap that throws yields napi_pending_exception.
+        check_status!(unsafe { sys::napi_get_prototype(self.raw(), value, &mut prototype) })?;
+        if self.type_of(prototype)? == sys::ValueType::napi_null {
+            return Ok(true);
         }
-        Ok(false)
+        let mut same = false;
+        // SAFETY: both are live handles of this env.
+        check_status!(unsafe { sys::napi_strict_equals(self.raw(), prototype, self.object_prototype()?, &mut same) })?;
+        Ok(same)
+    }
+
+    /// This realm's `Object.prototype`, looked up once per call.
+    fn object_prototype(&self) -> Result<sys::napi_value> {
+        if self.object_prototype.get().is_null() {
+            let mut object = ptr::null_mut();
+            // SAFETY: an empty object literal of this env; its prototype is Object.prototype.
+            check_status!(unsafe { sys::napi_create_object(self.raw(), &mut object) })?;
+            let mut prototype = ptr::null_mut();
+            // SAFETY: `object` was just created.
+            check_status!(unsafe { sys::napi_get_prototype(self.raw(), object, &mut prototype) })?;
+            self.object_prototype.set(prototype);
+        }
+        Ok(self.object_prototype.get())
     }
 
     fn array_length(&self, array: sys::napi_value) -> Result<u32> {
@@ -133,8 +183,21 @@ impl Js<'_> {
     /// A JS string as UTF-8 (lone surrogates become U+FFFD).
     fn string(&self, value: sys::napi_value) -> Result<String> {
         let mut length = 0;
-        // SAFETY: `value` is a live string handle; a NULL buffer asks for the length.
-        check_status!(unsafe { sys::napi_get_value_string_utf8(self.raw(), value, ptr::null_mut(), 0, &mut length) })?;
+        // SAFETY: `value` is a live string handle; a NULL buffer asks for the
+        // UTF-16 length, which costs nothing and bounds the UTF-8 length from below.
+        check_status!(unsafe { sys::napi_get_value_string_utf16(self.raw(), value, ptr::null_mut(), 0, &mut length) })?;
+        if length <= MAX_PAYLOAD_BYTES {
+            // SAFETY: `value` is a live string handle; a NULL buffer asks for the length.
+            check_status!(unsafe {
+                sys::napi_get_value_string_utf8(self.raw(), value, ptr::null_mut(), 0, &mut length)
+            })?;
+        }
+        if length > MAX_PAYLOAD_BYTES {
+            return range_error(
+                self.env,
+                &format!("a string is longer than the {MAX_PAYLOAD_BYTES}-byte process context payload"),
+            );
+        }
         let mut bytes = vec![0u8; length + 1];
         let mut written = 0;
         // SAFETY: `bytes` has room for `length` bytes plus the NUL napi appends.
@@ -187,7 +250,11 @@ impl Js<'_> {
         let kind = self.type_of(value)?;
         Ok(Some(match kind {
             T::napi_undefined | T::napi_null => return Ok(None),
-            T::napi_string => AnyValue::string(self.string(value)?),
+            T::napi_string => {
+                let text = self.string(value)?;
+                self.charge(text.len(), path)?;
+                AnyValue::string(text)
+            }
             T::napi_boolean => AnyValue::string(if self.boolean(value)? { "true" } else { "false" }),
             T::napi_number => {
                 let number = self.double(value)?;
@@ -212,7 +279,7 @@ impl Js<'_> {
                 }
                 if self.is_array(value)? {
                     self.array(value, path, depth)?
-                } else if self.is_opaque_object(value)? {
+                } else if !self.is_plain_object(value)? {
                     return type_error(
                         self.env,
                         &format!("{path} must be a string, number, boolean, bigint, array or plain object"),
@@ -232,6 +299,7 @@ impl Js<'_> {
 
     fn array(&self, array: sys::napi_value, path: &str, depth: usize) -> Result<AnyValue> {
         let length = self.array_length(array)?;
+        self.charge_items(length, MIN_ELEMENT_BYTES, path)?;
         let mut values = Vec::with_capacity(length as usize);
         let mut holes = Vec::new();
         for index in 0..length {
@@ -259,10 +327,12 @@ impl Js<'_> {
     fn key_values(&self, object: sys::napi_value, path: &str, depth: usize) -> Result<Vec<KeyValue>> {
         let keys = self.own_keys(object)?;
         let count = self.array_length(keys)?;
+        self.charge_items(count, MIN_KEY_BYTES, path)?;
         let mut result = Vec::with_capacity(count as usize);
         for index in 0..count {
             let key_value = self.element(keys, index)?;
             let key = self.string(key_value)?;
+            self.charge(key.len().saturating_sub(1), path)?;
             let item_path = format!("{path}[{key:?}]");
             if key.is_empty() {
                 return range_error(self.env, &format!("{path} has an empty attribute key"));
@@ -277,7 +347,7 @@ impl Js<'_> {
 
     /// An attributes object argument (`options.resource`, `options.attributes`).
     fn attributes(&self, value: sys::napi_value, path: &str) -> Result<Vec<KeyValue>> {
-        if self.type_of(value)? != sys::ValueType::napi_object || self.is_array(value)? || self.is_opaque_object(value)? {
+        if self.type_of(value)? != sys::ValueType::napi_object || self.is_array(value)? || !self.is_plain_object(value)? {
             return type_error(self.env, &format!("The \"{path}\" property must be an object of attributes"));
         }
         self.key_values(value, path, 1)
@@ -287,7 +357,7 @@ impl Js<'_> {
 /// Reads `publishProcessContext(options)`'s argument. `undefined`/`null`
 /// options, and `undefined`/`null` properties, keep what was published.
 pub fn update_from_js(env: &Env, options: Option<&Unknown<'_>>) -> Result<Update> {
-    let js = Js { env };
+    let js = Js::new(env);
     let mut update = Update::default();
     let Some(options) = options else { return Ok(update) };
     let options = options.raw();
@@ -337,12 +407,18 @@ pub fn update_from_js(env: &Env, options: Option<&Unknown<'_>>) -> Result<Update
 
 /// Reads `registerAttributeKeys(keys)`'s argument: an array of non-empty strings.
 pub fn keys_from_js(env: &Env, keys: &Unknown<'_>) -> Result<Vec<String>> {
-    let js = Js { env };
+    let js = Js::new(env);
     let keys = keys.raw();
     if js.type_of(keys)? != sys::ValueType::napi_object || !js.is_array(keys)? {
         return type_error(env, "The \"keys\" argument must be an array of strings");
     }
     let length = js.array_length(keys)?;
+    if length as usize > MAX_KEYS {
+        return range_error(
+            env,
+            &format!("The \"keys\" argument has {length} elements; the attribute key map holds at most {MAX_KEYS} keys"),
+        );
+    }
     let mut result = Vec::with_capacity(length as usize);
     for index in 0..length {
         let key = js.element(keys, index)?;
@@ -350,6 +426,7 @@ pub fn keys_from_js(env: &Env, keys: &Unknown<'_>) -> Result<Vec<String>> {
             return type_error(env, &format!("The \"keys[{index}]\" element must be of type string"));
         }
         let key = js.string(key)?;
+        js.charge(key.len(), "keys")?;
         if key.is_empty() {
             return range_error(env, &format!("The \"keys[{index}]\" element must not be empty"));
         }

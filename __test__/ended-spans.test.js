@@ -1,0 +1,68 @@
+'use strict';
+// Once a span has ended, work that still runs in a context holding it
+// publishes no span. Every check reads the record through /proc/self/mem,
+// as an outside reader would.
+const test = require('node:test');
+const assert = require('node:assert');
+const { context, trace } = require('@opentelemetry/api');
+const { BasicTracerProvider } = require('@opentelemetry/sdk-trace-base');
+const { ProfilingContextManager, ProcessContextSpanProcessor } = require('..');
+const { readOwnRecord } = require('./helpers');
+
+const manager = new ProfilingContextManager();
+context.setGlobalContextManager(manager.enable());
+
+function published() {
+  const r = readOwnRecord();
+  return r.valid === 1 ? r.spanId : null;
+}
+
+const later = (fn) => new Promise((resolve) => setTimeout(() => resolve(fn()), 1));
+
+test('without the span processor: callbacks after end() publish no span', async () => {
+  const tracer = new BasicTracerProvider().getTracer('ended');
+  const seen = await tracer.startActiveSpan('request', async (span) => {
+    const id = span.spanContext().spanId;
+    const inside = published();
+    const timer = new Promise((resolve) => setTimeout(() => resolve(published()), 5));
+    await null;
+    span.end();
+    await null;
+    const continuation = published();
+    const nested = context.with(context.active(), published);
+    return { id, inside, continuation, nested, timer: await timer, afterTimer: await later(published) };
+  });
+  assert.deepStrictEqual(seen, { id: seen.id, inside: seen.id, continuation: null, nested: null, timer: null, afterTimer: null });
+});
+
+test('with ProcessContextSpanProcessor: the record stops carrying the span at end()', async () => {
+  const tracer = new BasicTracerProvider({ spanProcessors: [new ProcessContextSpanProcessor()] }).getTracer('ended');
+  const seen = tracer.startActiveSpan('parent', (parent) => {
+    const child = tracer.startActiveSpan('child', (span) => {
+      const inside = published();
+      span.end();
+      return { id: span.spanContext().spanId, inside, afterEnd: published() };
+    });
+    const backInParent = published();
+    parent.end();
+    return { parent: parent.spanContext().spanId, child, backInParent, afterParentEnd: published() };
+  });
+  assert.deepStrictEqual(seen, {
+    parent: seen.parent,
+    child: { id: seen.child.id, inside: seen.child.id, afterEnd: null },
+    backInParent: seen.parent,
+    afterParentEnd: null,
+  });
+  assert.notStrictEqual(seen.parent, seen.child.id);
+});
+
+test('a span ended in another callback is not published where its context resumes', async () => {
+  const tracer = new BasicTracerProvider().getTracer('ended');
+  const span = tracer.startSpan('background');
+  const ctx = trace.setSpan(context.active(), span);
+  assert.strictEqual(context.with(ctx, published), span.spanContext().spanId, 'published while live');
+  const resumed = context.with(ctx, () => later(published));
+  span.end();
+  assert.strictEqual(await resumed, null, 'timer scheduled while live, fired after end');
+  assert.strictEqual(context.with(ctx, published), null, 'with() after end');
+});
