@@ -10,28 +10,10 @@
 //
 // params: { manager }
 
-const { params, report, createManager } = require('../lib/common');
+const { params, report, traceService } = require('../lib/common');
 
 const { manager } = params();
-let exported = 0;
-let provider = null;
-
-if (manager !== 'none') {
-  const { NodeTracerProvider, BatchSpanProcessor } = require('@opentelemetry/sdk-trace-node');
-  const { registerInstrumentations } = require('@opentelemetry/instrumentation');
-  const { HttpInstrumentation } = require('@opentelemetry/instrumentation-http');
-  const exporter = {
-    export(spans, done) {
-      exported += spans.length;
-      done({ code: 0 });
-    },
-    shutdown: () => Promise.resolve(),
-    forceFlush: () => Promise.resolve(),
-  };
-  provider = new NodeTracerProvider({ spanProcessors: [new BatchSpanProcessor(exporter)] });
-  provider.register({ contextManager: createManager(manager) });
-  registerInstrumentations({ tracerProvider: provider, instrumentations: [new HttpInstrumentation()] });
-}
+const tracing = traceService(manager, () => [new (require('@opentelemetry/instrumentation-http').HttpInstrumentation)()]);
 
 // Required after the instrumentation is registered, so it is patched.
 const http = require('node:http');
@@ -65,8 +47,7 @@ async function stop() {
   stopping = true;
   server.close();
   server.closeAllConnections?.();
-  if (provider !== null) await provider.shutdown();
-  report({ spans: exported, served });
+  report({ spans: await tracing.shutdown(), served });
   process.exit(0);
 }
 process.on('SIGTERM', stop);

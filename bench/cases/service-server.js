@@ -13,33 +13,14 @@
 //
 // params: { manager, upstream (base URL) }
 
-const { params, report, createManager } = require('../lib/common');
+const { params, report, traceService } = require('../lib/common');
 
 const { manager, upstream } = params();
 if (!/^http:\/\/127\.0\.0\.1:\d+$/.test(upstream)) throw new Error(`refusing an upstream off 127.0.0.1: ${upstream}`);
-let exported = 0;
-let provider = null;
-
-if (manager !== 'none') {
-  const { NodeTracerProvider, BatchSpanProcessor } = require('@opentelemetry/sdk-trace-node');
-  const { registerInstrumentations } = require('@opentelemetry/instrumentation');
-  const { HttpInstrumentation } = require('@opentelemetry/instrumentation-http');
-  const { ExpressInstrumentation } = require('@opentelemetry/instrumentation-express');
-  const exporter = {
-    export(spans, done) {
-      exported += spans.length;
-      done({ code: 0 });
-    },
-    shutdown: () => Promise.resolve(),
-    forceFlush: () => Promise.resolve(),
-  };
-  provider = new NodeTracerProvider({ spanProcessors: [new BatchSpanProcessor(exporter)] });
-  provider.register({ contextManager: createManager(manager) });
-  registerInstrumentations({
-    tracerProvider: provider,
-    instrumentations: [new HttpInstrumentation(), new ExpressInstrumentation()],
-  });
-}
+const tracing = traceService(manager, () => [
+  new (require('@opentelemetry/instrumentation-http').HttpInstrumentation)(),
+  new (require('@opentelemetry/instrumentation-express').ExpressInstrumentation)(),
+]);
 
 // Required after the instrumentations are registered, so they are patched.
 const http = require('node:http');
@@ -101,8 +82,7 @@ process.stdin.on('end', async () => {
   server.close();
   server.closeAllConnections?.();
   agent.destroy();
-  if (provider !== null) await provider.shutdown();
-  report({ spans: exported, served });
+  report({ spans: await tracing.shutdown(), served });
   process.exit(0);
 });
 process.stdin.resume();

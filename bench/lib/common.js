@@ -93,4 +93,36 @@ function median(values) {
   return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
 }
 
-module.exports = { ROOT, params, report, installManager, createManager, spanContext, since, cpuNs, median };
+/**
+ * Traces with the OpenTelemetry Node SDK as a service does: a
+ * NodeTracerProvider with `manager` as its context manager, a
+ * BatchSpanProcessor whose exporter counts and drops the spans, and the
+ * instrumentations `instrumentations()` returns (called after registration
+ * is set up, so the caller requires them lazily). With manager 'none',
+ * nothing is traced. `shutdown()` flushes and returns the spans exported.
+ */
+function traceService(manager, instrumentations) {
+  let exported = 0;
+  if (manager === 'none') return { shutdown: async () => exported };
+  const { NodeTracerProvider, BatchSpanProcessor } = require('@opentelemetry/sdk-trace-node');
+  const { registerInstrumentations } = require('@opentelemetry/instrumentation');
+  const exporter = {
+    export(spans, done) {
+      exported += spans.length;
+      done({ code: 0 });
+    },
+    shutdown: () => Promise.resolve(),
+    forceFlush: () => Promise.resolve(),
+  };
+  const provider = new NodeTracerProvider({ spanProcessors: [new BatchSpanProcessor(exporter)] });
+  provider.register({ contextManager: createManager(manager) });
+  registerInstrumentations({ tracerProvider: provider, instrumentations: instrumentations() });
+  return {
+    async shutdown() {
+      await provider.shutdown();
+      return exported;
+    },
+  };
+}
+
+module.exports = { ROOT, params, report, installManager, createManager, traceService, spanContext, since, cpuNs, median };
