@@ -15,7 +15,8 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(profile_bpf)");
     println!("cargo:rerun-if-changed={SOURCE}");
     println!("cargo:rerun-if-env-changed=CLANG");
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("profile.bpf.o");
+    let out =
+        PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("profile.bpf.o");
     match compile(&out) {
         Ok(()) => println!("cargo:rustc-cfg=profile_bpf"),
         Err(reason) => {
@@ -34,7 +35,15 @@ fn compile(out: &PathBuf) -> Result<(), String> {
         Err(_) => return Err("unknown target architecture".into()),
     }
     let mut cmd = Command::new(&clang);
-    cmd.args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror", "-D__TARGET_ARCH_x86"]);
+    cmd.args([
+        "-O2",
+        "-g",
+        "-target",
+        "bpf",
+        "-Wall",
+        "-Werror",
+        "-D__TARGET_ARCH_x86",
+    ]);
     // <linux/bpf.h> includes <asm/...>, which Debian-style systems keep in a
     // per-architecture directory that clang's BPF target does not search.
     let multiarch = "/usr/include/x86_64-linux-gnu";

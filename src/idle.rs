@@ -25,12 +25,18 @@ type UvLoop = c_void;
 type PrepareCb = unsafe extern "C" fn(*mut UvHandle);
 type CloseCb = unsafe extern "C" fn(*mut UvHandle);
 
+type HandleSizeFn = unsafe extern "C" fn(c_int) -> usize;
+type PrepareInitFn = unsafe extern "C" fn(*mut UvLoop, *mut UvHandle) -> c_int;
+type PrepareStartFn = unsafe extern "C" fn(*mut UvHandle, PrepareCb) -> c_int;
+type UnrefFn = unsafe extern "C" fn(*mut UvHandle);
+type CloseFn = unsafe extern "C" fn(*mut UvHandle, Option<CloseCb>);
+
 struct Libuv {
-    handle_size: unsafe extern "C" fn(c_int) -> usize,
-    prepare_init: unsafe extern "C" fn(*mut UvLoop, *mut UvHandle) -> c_int,
-    prepare_start: unsafe extern "C" fn(*mut UvHandle, PrepareCb) -> c_int,
-    unref: unsafe extern "C" fn(*mut UvHandle),
-    close: unsafe extern "C" fn(*mut UvHandle, Option<CloseCb>),
+    handle_size: HandleSizeFn,
+    prepare_init: PrepareInitFn,
+    prepare_start: PrepareStartFn,
+    unref: UnrefFn,
+    close: CloseFn,
 }
 
 fn lookup(name: &CStr) -> Option<*mut c_void> {
@@ -47,11 +53,17 @@ fn libuv() -> Option<&'static Libuv> {
             // whose C signature matches the field it is transmuted into.
             unsafe {
                 Some(Libuv {
-                    handle_size: std::mem::transmute::<*mut c_void, _>(lookup(c"uv_handle_size")?),
-                    prepare_init: std::mem::transmute::<*mut c_void, _>(lookup(c"uv_prepare_init")?),
-                    prepare_start: std::mem::transmute::<*mut c_void, _>(lookup(c"uv_prepare_start")?),
-                    unref: std::mem::transmute::<*mut c_void, _>(lookup(c"uv_unref")?),
-                    close: std::mem::transmute::<*mut c_void, _>(lookup(c"uv_close")?),
+                    handle_size: std::mem::transmute::<*mut c_void, HandleSizeFn>(lookup(
+                        c"uv_handle_size",
+                    )?),
+                    prepare_init: std::mem::transmute::<*mut c_void, PrepareInitFn>(lookup(
+                        c"uv_prepare_init",
+                    )?),
+                    prepare_start: std::mem::transmute::<*mut c_void, PrepareStartFn>(lookup(
+                        c"uv_prepare_start",
+                    )?),
+                    unref: std::mem::transmute::<*mut c_void, UnrefFn>(lookup(c"uv_unref")?),
+                    close: std::mem::transmute::<*mut c_void, CloseFn>(lookup(c"uv_close")?),
                 })
             }
         })

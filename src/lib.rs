@@ -24,8 +24,12 @@ use registry::Slot;
 /// torn down.
 #[napi(module_exports)]
 pub fn init(_exports: Object, env: Env) -> Result<()> {
-    let (_, registered_now) = registry::register_current_thread()
-        .map_err(|e| Error::new(Status::GenericFailure, format!("cannot map thread context records: {e}")))?;
+    let (_, registered_now) = registry::register_current_thread().map_err(|e| {
+        Error::new(
+            Status::GenericFailure,
+            format!("cannot map thread context records: {e}"),
+        )
+    })?;
     if registered_now {
         env.add_env_cleanup_hook((), |()| {
             idle::stop();

@@ -162,11 +162,15 @@ impl Header {
     fn apply(&self, steps: &[Step]) {
         for step in steps {
             match *step {
-                Step::Signature => self.signature.store(u64::from_ne_bytes(SIGNATURE), Ordering::Relaxed),
+                Step::Signature => self
+                    .signature
+                    .store(u64::from_ne_bytes(SIGNATURE), Ordering::Relaxed),
                 Step::Version => self.version.store(VERSION, Ordering::Relaxed),
                 Step::PayloadSize(size) => self.payload_size.store(size, Ordering::Relaxed),
                 Step::Payload(address) => self.payload.store(address, Ordering::Relaxed),
-                Step::PublishedAt(ns) => self.monotonic_published_at_ns.store(ns, Ordering::Relaxed),
+                Step::PublishedAt(ns) => {
+                    self.monotonic_published_at_ns.store(ns, Ordering::Relaxed)
+                }
                 // ORDER: see the step lists above for which reader each fence protects.
                 Step::Fence => fence(Ordering::SeqCst),
             }
@@ -220,7 +224,12 @@ impl Mapping {
         let header = NonNull::new(addr.cast::<Header>()).expect("mmap returned NULL");
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
-        Ok(Mapping { header, len, backing, pid })
+        Ok(Mapping {
+            header,
+            len,
+            backing,
+            pid,
+        })
     }
 
     /// A private mapping of a fresh `len`-byte memfd, or `None` when memfd
@@ -243,7 +252,14 @@ impl Mapping {
         // SAFETY: `fd` is the memfd opened above and closed exactly once below.
         let addr = unsafe {
             if libc::ftruncate(fd, len as libc::off_t) == 0 {
-                libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE, fd, 0)
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE,
+                    fd,
+                    0,
+                )
             } else {
                 libc::MAP_FAILED
             }
@@ -352,11 +368,16 @@ fn lock() -> MutexGuard<'static, Publisher> {
     // The header is consistent between any two statements that can panic
     // (none run while an update is half done), so a poisoned lock is safe to
     // reuse.
-    PUBLISHER.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    PUBLISHER
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn boottime_ns() -> u64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `now` is a local the kernel fills in.
     unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
@@ -418,9 +439,15 @@ impl Publisher {
 
         let created = match self.mapping {
             Some(_) => None,
-            None => Some(Mapping::create().map_err(|e| PublishError::Os(format!("cannot map the OTEL_CTX page: {e}")))?),
+            None => Some(
+                Mapping::create()
+                    .map_err(|e| PublishError::Os(format!("cannot map the OTEL_CTX page: {e}")))?,
+            ),
         };
-        let mapping = created.as_ref().or(self.mapping.as_ref()).expect("a mapping exists");
+        let mapping = created
+            .as_ref()
+            .or(self.mapping.as_ref())
+            .expect("a mapping exists");
         let header = mapping.header();
         let published_at = boottime_ns().max(self.published_at_ns + 1);
         let size = bytes.len() as u32;
@@ -484,7 +511,10 @@ impl Publisher {
     /// a caller republishes.
     fn retire(&mut self, bytes: Box<[u8]>, now_ns: u64) {
         self.retired_bytes += bytes.len();
-        self.retired.push_back(Retired { bytes, since_ns: now_ns });
+        self.retired.push_back(Retired {
+            bytes,
+            since_ns: now_ns,
+        });
         while let Some(oldest) = self.retired.front() {
             let expired = now_ns.saturating_sub(oldest.since_ns) > RETAIN_NS;
             if !expired && self.retired_bytes <= RETAINED_BYTES_MAX {
@@ -544,7 +574,12 @@ impl Publisher {
 /// replaces the published one, omitted parts stay as they were. The first
 /// call creates the mapping. On error nothing changes.
 pub fn publish(update: Update) -> Result<(), PublishError> {
-    lock().publish(update.resource, update.attributes, update.schema_version, None)
+    lock().publish(
+        update.resource,
+        update.attributes,
+        update.schema_version,
+        None,
+    )
 }
 
 /// Appends the keys that are new to `threadlocal.attribute_key_map` (in
@@ -584,7 +619,11 @@ mod tests {
     }
 
     fn key_map(context: &ProcessContext) -> Vec<String> {
-        let entry = context.attributes.iter().find(|kv| kv.key == KEY_MAP_KEY).unwrap();
+        let entry = context
+            .attributes
+            .iter()
+            .find(|kv| kv.key == KEY_MAP_KEY)
+            .unwrap();
         match entry.value.as_ref().and_then(|v| v.value.as_ref()) {
             Some(any_value::Value::ArrayValue(array)) => array
                 .values
@@ -663,24 +702,49 @@ mod tests {
         let first = states(Fields::default(), &first_publication_steps(10, 0x1000, 5));
         let reads = accepted_reads(&first);
         assert!(!reads.is_empty());
-        assert!(reads.iter().all(|r| *r == (5, true, true, 10, 0x1000)), "{reads:?}");
+        assert!(
+            reads.iter().all(|r| *r == (5, true, true, 10, 0x1000)),
+            "{reads:?}"
+        );
 
         // Update: an accepted read sees either the old publication or the
         // new one, never the new pointer or size under the old stamp (or
         // the reverse).
-        let old = Fields { signature: true, version: true, size: 10, payload: 0x1000, published_at: 5 };
+        let old = Fields {
+            signature: true,
+            version: true,
+            size: 10,
+            payload: 0x1000,
+            published_at: 5,
+        };
         let updated = states(old, &update_steps(20, 0x2000, 6));
         let reads = accepted_reads(&updated);
-        assert!(reads.contains(&(5, true, true, 10, 0x1000)) && reads.contains(&(6, true, true, 20, 0x2000)));
+        assert!(
+            reads.contains(&(5, true, true, 10, 0x1000))
+                && reads.contains(&(6, true, true, 20, 0x2000))
+        );
         for read in reads {
-            assert!(read == (5, true, true, 10, 0x1000) || read == (6, true, true, 20, 0x2000), "{read:?}");
+            assert!(
+                read == (5, true, true, 10, 0x1000) || read == (6, true, true, 20, 0x2000),
+                "{read:?}"
+            );
         }
 
         // The model has teeth: stamping before the pointer moves, or
         // skipping the 0, lets a mixed read through.
-        let stamp_first = [Step::PublishedAt(6), Step::Fence, Step::Payload(0x2000), Step::PayloadSize(20)];
+        let stamp_first = [
+            Step::PublishedAt(6),
+            Step::Fence,
+            Step::Payload(0x2000),
+            Step::PayloadSize(20),
+        ];
         assert!(accepted_reads(&states(old, &stamp_first)).contains(&(6, true, true, 10, 0x1000)));
-        let no_zero = [Step::Payload(0x2000), Step::PayloadSize(20), Step::Fence, Step::PublishedAt(6)];
+        let no_zero = [
+            Step::Payload(0x2000),
+            Step::PayloadSize(20),
+            Step::Fence,
+            Step::PublishedAt(6),
+        ];
         assert!(accepted_reads(&states(old, &no_zero)).contains(&(5, true, true, 20, 0x2000)));
     }
 
@@ -701,29 +765,48 @@ mod tests {
     fn header_is_written_as_specified_and_payload_decodes() {
         let mut publisher = Publisher::new();
         let resource = vec![KeyValue::new("service.name", AnyValue::string("svc"))];
-        publisher.publish(Some(resource.clone()), None, None, None).unwrap();
+        publisher
+            .publish(Some(resource.clone()), None, None, None)
+            .unwrap();
         let mapping = publisher.mapping.as_ref().unwrap();
         // SAFETY: sysconf has no preconditions.
-        assert_eq!(mapping.len, unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize);
+        assert_eq!(mapping.len, unsafe { libc::sysconf(libc::_SC_PAGESIZE) }
+            as usize);
         // SAFETY: the header page is mapped and HEADER_SIZE bytes long at least.
-        let raw = unsafe { std::slice::from_raw_parts(mapping.header.as_ptr().cast::<u8>(), HEADER_SIZE) };
+        let raw = unsafe {
+            std::slice::from_raw_parts(mapping.header.as_ptr().cast::<u8>(), HEADER_SIZE)
+        };
         assert_eq!(&raw[OFFSET_SIGNATURE..OFFSET_SIGNATURE + 8], b"OTEL_CTX");
-        assert_eq!(u32::from_le_bytes(raw[OFFSET_VERSION..OFFSET_VERSION + 4].try_into().unwrap()), 2);
+        assert_eq!(
+            u32::from_le_bytes(raw[OFFSET_VERSION..OFFSET_VERSION + 4].try_into().unwrap()),
+            2
+        );
         let current = publisher.current.as_ref().unwrap();
         assert_eq!(
-            u32::from_le_bytes(raw[OFFSET_PAYLOAD_SIZE..OFFSET_PAYLOAD_SIZE + 4].try_into().unwrap()) as usize,
+            u32::from_le_bytes(
+                raw[OFFSET_PAYLOAD_SIZE..OFFSET_PAYLOAD_SIZE + 4]
+                    .try_into()
+                    .unwrap()
+            ) as usize,
             current.len()
         );
         assert_eq!(
             u64::from_le_bytes(raw[OFFSET_PAYLOAD..OFFSET_PAYLOAD + 8].try_into().unwrap()),
             current.as_ptr() as u64
         );
-        let published_at = u64::from_le_bytes(raw[OFFSET_PUBLISHED_AT..OFFSET_PUBLISHED_AT + 8].try_into().unwrap());
+        let published_at = u64::from_le_bytes(
+            raw[OFFSET_PUBLISHED_AT..OFFSET_PUBLISHED_AT + 8]
+                .try_into()
+                .unwrap(),
+        );
         assert!(published_at > 0 && published_at <= boottime_ns());
 
         let (_, context) = read(&publisher);
         assert_eq!(context.resource.unwrap().attributes, resource);
-        assert_eq!(context.attributes[0].value, Some(AnyValue::string(DEFAULT_SCHEMA_VERSION)));
+        assert_eq!(
+            context.attributes[0].value,
+            Some(AnyValue::string(DEFAULT_SCHEMA_VERSION))
+        );
         assert!(key_map(&ProcessContext::decode(&current[..]).unwrap()).is_empty());
     }
 
@@ -731,16 +814,27 @@ mod tests {
     fn updates_keep_omitted_parts_and_strictly_increase_the_timestamp() {
         let mut publisher = Publisher::new();
         let resource = vec![KeyValue::new("service.name", AnyValue::string("svc"))];
-        publisher.publish(Some(resource.clone()), None, Some("tls_v1".into()), None).unwrap();
+        publisher
+            .publish(Some(resource.clone()), None, Some("tls_v1".into()), None)
+            .unwrap();
         let address = publisher.info().unwrap().mapping_address;
         let (first, _) = read(&publisher);
         let extra = vec![KeyValue::new("custom", AnyValue::int(7))];
-        publisher.publish(None, Some(extra.clone()), None, None).unwrap();
+        publisher
+            .publish(None, Some(extra.clone()), None, None)
+            .unwrap();
         let (second, context) = read(&publisher);
         assert!(second > first);
-        assert_eq!(publisher.info().unwrap().mapping_address, address, "one mapping per process");
+        assert_eq!(
+            publisher.info().unwrap().mapping_address,
+            address,
+            "one mapping per process"
+        );
         assert_eq!(context.resource.unwrap().attributes, resource);
-        assert_eq!(context.attributes[0].value, Some(AnyValue::string("tls_v1")));
+        assert_eq!(
+            context.attributes[0].value,
+            Some(AnyValue::string("tls_v1"))
+        );
         assert_eq!(context.attributes[2], extra[0]);
         assert_eq!(publisher.retired.len(), 1, "the superseded payload is kept");
     }
@@ -748,10 +842,16 @@ mod tests {
     #[test]
     fn key_map_is_append_only_deduplicated_and_capped() {
         let mut publisher = Publisher::new();
-        assert_eq!(publisher.register_keys(&keys(&["a", "b", "a"])).unwrap(), [0, 1, 0]);
+        assert_eq!(
+            publisher.register_keys(&keys(&["a", "b", "a"])).unwrap(),
+            [0, 1, 0]
+        );
         let publications = publisher.publications;
         assert_eq!(publisher.register_keys(&keys(&["b", "a"])).unwrap(), [1, 0]);
-        assert_eq!(publisher.publications, publications, "no new key, no republication");
+        assert_eq!(
+            publisher.publications, publications,
+            "no new key, no republication"
+        );
         assert_eq!(publisher.register_keys(&keys(&["c"])).unwrap(), [2]);
         assert_eq!(key_map(&read(&publisher).1), ["a", "b", "c"]);
 
@@ -763,7 +863,9 @@ mod tests {
         // Full: a known key still resolves, a new one fails and changes nothing,
         // even when it comes after known keys in the same call.
         assert_eq!(publisher.register_keys(&keys(&["c"])).unwrap(), [2]);
-        let error = publisher.register_keys(&keys(&["a", "one-too-many"])).unwrap_err();
+        let error = publisher
+            .register_keys(&keys(&["a", "one-too-many"]))
+            .unwrap_err();
         assert!(matches!(error, PublishError::Range(_)), "{error:?}");
         assert_eq!(publisher.key_map.len(), MAX_KEYS);
         let after = read(&publisher);
@@ -779,7 +881,10 @@ mod tests {
         let mut publisher = Publisher::new();
         publisher.publish(None, None, None, None).unwrap();
         let before = read(&publisher);
-        let huge = vec![KeyValue::new("blob", AnyValue::string("x".repeat(MAX_PAYLOAD_BYTES)))];
+        let huge = vec![KeyValue::new(
+            "blob",
+            AnyValue::string("x".repeat(MAX_PAYLOAD_BYTES)),
+        )];
         let error = publisher.publish(Some(huge), None, None, None).unwrap_err();
         assert!(matches!(error, PublishError::Range(_)), "{error:?}");
         assert_eq!(read(&publisher), before);
@@ -792,15 +897,30 @@ mod tests {
         publisher.publish(None, None, None, None).unwrap();
         let first_payload = publisher.current.as_ref().unwrap().as_ptr();
         let big = |n: usize| vec![KeyValue::new("blob", AnyValue::string("y".repeat(n)))];
-        publisher.publish(Some(big(1000)), None, None, None).unwrap();
-        assert_eq!(publisher.retired.front().unwrap().bytes.as_ptr(), first_payload, "kept, not freed");
+        publisher
+            .publish(Some(big(1000)), None, None, None)
+            .unwrap();
+        assert_eq!(
+            publisher.retired.front().unwrap().bytes.as_ptr(),
+            first_payload,
+            "kept, not freed"
+        );
 
         // Past the byte budget the oldest go first; the newest is always kept.
         for _ in 0..40 {
-            publisher.publish(Some(big(1 << 19)), None, None, None).unwrap();
+            publisher
+                .publish(Some(big(1 << 19)), None, None, None)
+                .unwrap();
         }
         assert!(publisher.retired_bytes <= RETAINED_BYTES_MAX);
-        assert_eq!(publisher.retired_bytes, publisher.retired.iter().map(|r| r.bytes.len()).sum::<usize>());
+        assert_eq!(
+            publisher.retired_bytes,
+            publisher
+                .retired
+                .iter()
+                .map(|r| r.bytes.len())
+                .sum::<usize>()
+        );
         assert!(!publisher.retired.is_empty());
 
         // Past the grace period everything superseded is freed at the next

@@ -71,11 +71,20 @@ pub struct SpanIds {
 impl SpanIds {
     /// Builds ids from the numbers the napi API takes: `trace_id_high` is the
     /// first 8 bytes of the W3C trace id read as a big-endian number.
-    pub fn from_words(trace_id_high: u64, trace_id_low: u64, span_id: u64, trace_flags: u8) -> Self {
+    pub fn from_words(
+        trace_id_high: u64,
+        trace_id_low: u64,
+        span_id: u64,
+        trace_flags: u8,
+    ) -> Self {
         let mut trace_id = [0u8; 16];
         trace_id[..8].copy_from_slice(&trace_id_high.to_be_bytes());
         trace_id[8..].copy_from_slice(&trace_id_low.to_be_bytes());
-        SpanIds { trace_id, span_id: span_id.to_be_bytes(), trace_flags }
+        SpanIds {
+            trace_id,
+            span_id: span_id.to_be_bytes(),
+            trace_flags,
+        }
     }
 }
 
@@ -166,9 +175,20 @@ mod tests {
 
     #[test]
     fn words_map_to_w3c_byte_order() {
-        let ids = SpanIds::from_words(0x0102030405060708, 0x090a0b0c0d0e0f10, 0x1112131415161718, 1);
-        assert_eq!(ids.trace_id, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
-        assert_eq!(ids.span_id, [0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18]);
+        let ids = SpanIds::from_words(
+            0x0102030405060708,
+            0x090a0b0c0d0e0f10,
+            0x1112131415161718,
+            1,
+        );
+        assert_eq!(
+            ids.trace_id,
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+        );
+        assert_eq!(
+            ids.span_id,
+            [0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18]
+        );
     }
 
     #[test]
@@ -181,6 +201,7 @@ mod tests {
         image[OFFSET_TRACE_FLAGS] = 1;
         image[OFFSET_ATTRS_DATA_SIZE..OFFSET_ATTRS_DATA].copy_from_slice(&3u16.to_ne_bytes());
         image[OFFSET_ATTRS_DATA..].copy_from_slice(&[0, 1, b'x']);
+        // SAFETY: `rec` is a live record owned by this test.
         unsafe { write_image(&mut *rec, &image) };
         assert_eq!(rec.trace_id, [0xab; 16]);
         assert_eq!(rec.span_id, [0xcd; 8]);
@@ -209,7 +230,12 @@ mod tests {
     fn header_bytes_are_where_readers_look() {
         let mut rec = blank();
         // SAFETY: as above.
-        unsafe { publish(&mut *rec, &SpanIds::from_words(u64::MAX, u64::MAX, u64::MAX, 0x03)) };
+        unsafe {
+            publish(
+                &mut *rec,
+                &SpanIds::from_words(u64::MAX, u64::MAX, u64::MAX, 0x03),
+            )
+        };
         // SAFETY: the record is RECORD_SIZE plain bytes with no padding.
         let bytes: &[u8; RECORD_SIZE] = unsafe { &*(&*rec as *const ThreadContextRecord).cast() };
         assert!(bytes[..24].iter().all(|&b| b == 0xff));

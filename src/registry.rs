@@ -76,7 +76,11 @@ pub struct RegistryStats {
     pub free: usize,
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry { chunks: Vec::new(), states: Vec::new(), free: Vec::new() });
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    chunks: Vec::new(),
+    states: Vec::new(),
+    free: Vec::new(),
+});
 
 thread_local! {
     static CURRENT: Cell<Option<Slot>> = const { Cell::new(None) };
@@ -85,7 +89,9 @@ thread_local! {
 fn lock() -> MutexGuard<'static, Registry> {
     // A panic while holding the lock cannot leave the state half-updated in a
     // way that matters more than refusing every later registration would.
-    REGISTRY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    REGISTRY
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Registry {
@@ -107,8 +113,11 @@ impl Registry {
         // SAFETY: advice on the mapping created just above.
         unsafe { libc::madvise(addr, len, libc::MADV_WIPEONFORK) };
         let first = self.states.len();
-        self.chunks.push(Chunk(NonNull::new(addr.cast()).expect("mmap returned NULL")));
-        self.states.resize(first + SLOTS_PER_CHUNK, SlotState::default());
+        self.chunks.push(Chunk(
+            NonNull::new(addr.cast()).expect("mmap returned NULL"),
+        ));
+        self.states
+            .resize(first + SLOTS_PER_CHUNK, SlotState::default());
         // Reverse so the lowest index is handed out first.
         self.free.extend((first..first + SLOTS_PER_CHUNK).rev());
         Ok(())
@@ -119,7 +128,10 @@ impl Registry {
             self.grow()?;
         }
         let index = self.free.pop().expect("grow added free slots");
-        self.states[index] = SlotState { thread: true, view: false };
+        self.states[index] = SlotState {
+            thread: true,
+            view: false,
+        };
         Ok((index, self.record(index)))
     }
 
@@ -143,7 +155,12 @@ impl Registry {
     fn stats(&self) -> RegistryStats {
         let attached = self.states.iter().filter(|s| s.thread).count();
         let awaiting = self.states.iter().filter(|s| !s.thread && s.view).count();
-        RegistryStats { capacity: self.states.len(), attached, awaiting_view_release: awaiting, free: self.free.len() }
+        RegistryStats {
+            capacity: self.states.len(),
+            attached,
+            awaiting_view_release: awaiting,
+            free: self.free.len(),
+        }
     }
 }
 
@@ -160,7 +177,11 @@ pub fn register_current_thread() -> io::Result<(Slot, bool)> {
         return Ok((slot, false));
     }
     let (index, record) = lock().acquire()?;
-    let slot = Slot { index, record, tid: gettid() };
+    let slot = Slot {
+        index,
+        record,
+        tid: gettid(),
+    };
     // The record is all zeroes (valid = 0) before the pointer is published.
     tls::point_at(record);
     CURRENT.with(|current| current.set(Some(slot)));
@@ -175,7 +196,9 @@ pub fn current_slot() -> Option<Slot> {
 /// Detaches the calling thread: valid = 0, then `otel_thread_ctx_v1` = NULL,
 /// then the slot's thread hold is released. A no-op if not registered.
 pub fn detach_current_thread() {
-    let Some(slot) = CURRENT.with(Cell::take) else { return };
+    let Some(slot) = CURRENT.with(Cell::take) else {
+        return;
+    };
     // SAFETY: the record is ours until we release the thread hold below.
     unsafe { record::invalidate(slot.record) };
     tls::point_at(std::ptr::null_mut());
@@ -262,7 +285,8 @@ mod tests {
             // SAFETY: the mapping exists in the child (zero-filled).
             unsafe {
                 let valid = std::ptr::addr_of_mut!((*record).valid);
-                let was_zero = std::ptr::read_volatile(valid) == 0 && std::ptr::read_volatile(&(*record).span_id) == [0; 8];
+                let was_zero = std::ptr::read_volatile(valid) == 0
+                    && std::ptr::read_volatile(&(*record).span_id) == [0; 8];
                 std::ptr::write_volatile(valid, 1);
                 libc::_exit(if was_zero { 0 } else { 1 });
             }
@@ -271,7 +295,11 @@ mod tests {
         // SAFETY: waiting for the child forked above.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
         assert!(libc::WIFEXITED(status), "child crashed: status {status}");
-        assert_eq!(libc::WEXITSTATUS(status), 0, "child saw the parent's record");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "child saw the parent's record"
+        );
         // SAFETY: the slot is held by this test.
         unsafe {
             assert_eq!((*record).valid, 1);

@@ -38,7 +38,9 @@ mod tests {
         point_at(&mut record);
         assert_eq!(current(), &mut record as *mut _);
         let (other_current, other_address) =
-            std::thread::spawn(|| (current() as usize, variable_address())).join().unwrap();
+            std::thread::spawn(|| (current() as usize, variable_address()))
+                .join()
+                .unwrap();
         assert_eq!(other_current, 0);
         assert_ne!(other_address, variable_address());
         point_at(std::ptr::null_mut());

@@ -29,7 +29,9 @@ pub fn get_or_create(env: &Env, slot: Slot) -> Result<sys::napi_value> {
     let existing = BUFFER.with(Cell::get);
     if !existing.is_null() {
         // SAFETY: `existing` is a live strong reference created below in this env.
-        napi::check_status!(unsafe { sys::napi_get_reference_value(env.raw(), existing, &mut value) })?;
+        napi::check_status!(unsafe {
+            sys::napi_get_reference_value(env.raw(), existing, &mut value)
+        })?;
         return Ok(value);
     }
     if std::env::var_os(SIMULATE_NO_EXTERNAL_BUFFERS).is_some() {
@@ -53,11 +55,16 @@ pub fn get_or_create(env: &Env, slot: Slot) -> Result<sys::napi_value> {
     };
     if status != sys::Status::napi_ok {
         registry::release(slot.index, Holder::View);
-        return Err(Error::new(Status::from(status), "cannot create the record view".to_owned()));
+        return Err(Error::new(
+            Status::from(status),
+            "cannot create the record view".to_owned(),
+        ));
     }
     let mut reference = std::ptr::null_mut();
     // SAFETY: `value` is the buffer just created in this env.
-    napi::check_status!(unsafe { sys::napi_create_reference(env.raw(), value, 1, &mut reference) })?;
+    napi::check_status!(unsafe {
+        sys::napi_create_reference(env.raw(), value, 1, &mut reference)
+    })?;
     BUFFER.with(|b| b.set(reference));
     Ok(value)
 }

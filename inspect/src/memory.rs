@@ -130,12 +130,17 @@ pub mod fake {
     use super::*;
     use std::cell::RefCell;
 
+    /// Byte regions at fixed addresses.
+    pub type Regions = Vec<(u64, Vec<u8>)>;
+    /// A hook run before each read.
+    pub type ReadHook = Box<dyn FnMut(&mut Regions)>;
+
     /// Regions of bytes at fixed addresses; reads spanning a hole fail.
     #[derive(Default)]
     pub struct FakeMemory {
-        pub regions: RefCell<Vec<(u64, Vec<u8>)>>,
+        pub regions: RefCell<Regions>,
         /// Called before every read, to simulate a concurrent writer.
-        pub on_read: RefCell<Option<Box<dyn FnMut(&mut Vec<(u64, Vec<u8>)>)>>>,
+        pub on_read: RefCell<Option<ReadHook>>,
     }
 
     impl FakeMemory {

@@ -85,7 +85,7 @@ pub struct Record {
 /// header first, then `attrs_data_size` bytes only if the record is valid
 /// (and only when `with_attrs`). Bounded: never more than 640 bytes.
 pub fn read(mem: &dyn Memory, address: u64, with_attrs: bool) -> Result<Record, String> {
-    if address % 2 != 0 {
+    if !address.is_multiple_of(2) {
         return Err(format!("record pointer {address:#x} is not 2-byte aligned"));
     }
     let mut b = [0u8; HEADER_SIZE];

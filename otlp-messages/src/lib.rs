@@ -103,28 +103,39 @@ pub const RESERVED_PREFIX: &str = "threadlocal.";
 impl AnyValue {
     /// A string value.
     pub fn string(value: impl Into<String>) -> Self {
-        AnyValue { value: Some(any_value::Value::StringValue(value.into())) }
+        AnyValue {
+            value: Some(any_value::Value::StringValue(value.into())),
+        }
     }
 
     /// An int64 value.
     pub fn int(value: i64) -> Self {
-        AnyValue { value: Some(any_value::Value::IntValue(value)) }
+        AnyValue {
+            value: Some(any_value::Value::IntValue(value)),
+        }
     }
 
     /// An array value.
     pub fn array(values: Vec<AnyValue>) -> Self {
-        AnyValue { value: Some(any_value::Value::ArrayValue(ArrayValue { values })) }
+        AnyValue {
+            value: Some(any_value::Value::ArrayValue(ArrayValue { values })),
+        }
     }
 
     /// A key/value-list value.
     pub fn kvlist(values: Vec<KeyValue>) -> Self {
-        AnyValue { value: Some(any_value::Value::KvlistValue(KeyValueList { values })) }
+        AnyValue {
+            value: Some(any_value::Value::KvlistValue(KeyValueList { values })),
+        }
     }
 }
 
 impl KeyValue {
     /// A key with a value.
     pub fn new(key: impl Into<String>, value: AnyValue) -> Self {
-        KeyValue { key: key.into(), value: Some(value) }
+        KeyValue {
+            key: key.into(),
+            value: Some(value),
+        }
     }
 }

@@ -63,7 +63,11 @@ struct Js<'a> {
 
 impl<'a> Js<'a> {
     fn new(env: &'a Env) -> Self {
-        Js { env, budget: Cell::new(MAX_PAYLOAD_BYTES), object_prototype: Cell::new(ptr::null_mut()) }
+        Js {
+            env,
+            budget: Cell::new(MAX_PAYLOAD_BYTES),
+            object_prototype: Cell::new(ptr::null_mut()),
+        }
     }
 
     /// Charges `bytes` of payload; a `RangeError` once the total would exceed the limit.
@@ -75,7 +79,9 @@ impl<'a> Js<'a> {
             }
             None => range_error(
                 self.env,
-                &format!("{path}: the process context payload would exceed {MAX_PAYLOAD_BYTES} bytes"),
+                &format!(
+                    "{path}: the process context payload would exceed {MAX_PAYLOAD_BYTES} bytes"
+                ),
             ),
         }
     }
@@ -117,7 +123,9 @@ impl<'a> Js<'a> {
         }
         let mut same = false;
         // SAFETY: both are live handles of this env.
-        check_status!(unsafe { sys::napi_strict_equals(self.raw(), prototype, self.object_prototype()?, &mut same) })?;
+        check_status!(unsafe {
+            sys::napi_strict_equals(self.raw(), prototype, self.object_prototype()?, &mut same)
+        })?;
         Ok(same)
     }
 
@@ -176,7 +184,9 @@ impl<'a> Js<'a> {
     fn named(&self, object: sys::napi_value, name: &CStr) -> Result<sys::napi_value> {
         let mut value = ptr::null_mut();
         // SAFETY: as above; `name` is NUL-terminated.
-        check_status!(unsafe { sys::napi_get_named_property(self.raw(), object, name.as_ptr(), &mut value) })?;
+        check_status!(unsafe {
+            sys::napi_get_named_property(self.raw(), object, name.as_ptr(), &mut value)
+        })?;
         Ok(value)
     }
 
@@ -185,7 +195,9 @@ impl<'a> Js<'a> {
         let mut length = 0;
         // SAFETY: `value` is a live string handle; a NULL buffer asks for the
         // UTF-16 length, which costs nothing and bounds the UTF-8 length from below.
-        check_status!(unsafe { sys::napi_get_value_string_utf16(self.raw(), value, ptr::null_mut(), 0, &mut length) })?;
+        check_status!(unsafe {
+            sys::napi_get_value_string_utf16(self.raw(), value, ptr::null_mut(), 0, &mut length)
+        })?;
         if length <= MAX_PAYLOAD_BYTES {
             // SAFETY: `value` is a live string handle; a NULL buffer asks for the length.
             check_status!(unsafe {
@@ -195,14 +207,22 @@ impl<'a> Js<'a> {
         if length > MAX_PAYLOAD_BYTES {
             return range_error(
                 self.env,
-                &format!("a string is longer than the {MAX_PAYLOAD_BYTES}-byte process context payload"),
+                &format!(
+                    "a string is longer than the {MAX_PAYLOAD_BYTES}-byte process context payload"
+                ),
             );
         }
         let mut bytes = vec![0u8; length + 1];
         let mut written = 0;
         // SAFETY: `bytes` has room for `length` bytes plus the NUL napi appends.
         check_status!(unsafe {
-            sys::napi_get_value_string_utf8(self.raw(), value, bytes.as_mut_ptr().cast(), bytes.len(), &mut written)
+            sys::napi_get_value_string_utf8(
+                self.raw(),
+                value,
+                bytes.as_mut_ptr().cast(),
+                bytes.len(),
+                &mut written,
+            )
         })?;
         bytes.truncate(written);
         String::from_utf8(bytes).map_err(|e| Error::new(Status::StringExpected, e.to_string()))
@@ -235,7 +255,9 @@ impl<'a> Js<'a> {
         let mut result = 0i64;
         let mut lossless = false;
         // SAFETY: `value` is a live bigint handle.
-        check_status!(unsafe { sys::napi_get_value_bigint_int64(self.raw(), value, &mut result, &mut lossless) })?;
+        check_status!(unsafe {
+            sys::napi_get_value_bigint_int64(self.raw(), value, &mut result, &mut lossless)
+        })?;
         Ok(lossless.then_some(result))
     }
 
@@ -245,7 +267,12 @@ impl<'a> Js<'a> {
 
     /// A value that becomes the attribute `path` (for error messages), or
     /// `None` for `null`/`undefined`.
-    fn any_value(&self, value: sys::napi_value, path: &str, depth: usize) -> Result<Option<AnyValue>> {
+    fn any_value(
+        &self,
+        value: sys::napi_value,
+        path: &str,
+        depth: usize,
+    ) -> Result<Option<AnyValue>> {
         use sys::ValueType as T;
         let kind = self.type_of(value)?;
         Ok(Some(match kind {
@@ -255,12 +282,18 @@ impl<'a> Js<'a> {
                 self.charge(text.len(), path)?;
                 AnyValue::string(text)
             }
-            T::napi_boolean => AnyValue::string(if self.boolean(value)? { "true" } else { "false" }),
+            T::napi_boolean => AnyValue::string(if self.boolean(value)? {
+                "true"
+            } else {
+                "false"
+            }),
             T::napi_number => {
                 let number = self.double(value)?;
                 // 2^63 is exactly representable; every integral double in
                 // [-2^63, 2^63) converts to i64 without loss.
-                if number.fract() == 0.0 && (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&number) {
+                if number.fract() == 0.0
+                    && (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&number)
+                {
                     AnyValue::int(number as i64)
                 } else {
                     AnyValue::string(self.spelled(value)?)
@@ -291,7 +324,9 @@ impl<'a> Js<'a> {
             _ => {
                 return type_error(
                     self.env,
-                    &format!("{path} must be a string, number, boolean, bigint, array or plain object"),
+                    &format!(
+                        "{path} must be a string, number, boolean, bigint, array or plain object"
+                    ),
                 )
             }
         }))
@@ -313,8 +348,14 @@ impl<'a> Js<'a> {
             }
         }
         if !holes.is_empty() {
-            let ints = values.iter().all(|v| matches!(v.value, None | Some(any_value::Value::IntValue(_))));
-            let zero = if ints { AnyValue::int(0) } else { AnyValue::string("") };
+            let ints = values
+                .iter()
+                .all(|v| matches!(v.value, None | Some(any_value::Value::IntValue(_))));
+            let zero = if ints {
+                AnyValue::int(0)
+            } else {
+                AnyValue::string("")
+            };
             for hole in holes {
                 values[hole] = zero.clone();
             }
@@ -324,7 +365,12 @@ impl<'a> Js<'a> {
 
     /// The own enumerable string-keyed properties of `object` as key/values,
     /// leaving out `null`/`undefined` values.
-    fn key_values(&self, object: sys::napi_value, path: &str, depth: usize) -> Result<Vec<KeyValue>> {
+    fn key_values(
+        &self,
+        object: sys::napi_value,
+        path: &str,
+        depth: usize,
+    ) -> Result<Vec<KeyValue>> {
         let keys = self.own_keys(object)?;
         let count = self.array_length(keys)?;
         self.charge_items(count, MIN_KEY_BYTES, path)?;
@@ -347,8 +393,14 @@ impl<'a> Js<'a> {
 
     /// An attributes object argument (`options.resource`, `options.attributes`).
     fn attributes(&self, value: sys::napi_value, path: &str) -> Result<Vec<KeyValue>> {
-        if self.type_of(value)? != sys::ValueType::napi_object || self.is_array(value)? || !self.is_plain_object(value)? {
-            return type_error(self.env, &format!("The \"{path}\" property must be an object of attributes"));
+        if self.type_of(value)? != sys::ValueType::napi_object
+            || self.is_array(value)?
+            || !self.is_plain_object(value)?
+        {
+            return type_error(
+                self.env,
+                &format!("The \"{path}\" property must be an object of attributes"),
+            );
         }
         self.key_values(value, path, 1)
     }
@@ -359,7 +411,9 @@ impl<'a> Js<'a> {
 pub fn update_from_js(env: &Env, options: Option<&Unknown<'_>>) -> Result<Update> {
     let js = Js::new(env);
     let mut update = Update::default();
-    let Some(options) = options else { return Ok(update) };
+    let Some(options) = options else {
+        return Ok(update);
+    };
     let options = options.raw();
     let kind = js.type_of(options)?;
     if Js::is_nullish(kind) {
@@ -377,7 +431,10 @@ pub fn update_from_js(env: &Env, options: Option<&Unknown<'_>>) -> Result<Update
     let attributes = js.named(options, c"attributes")?;
     if !Js::is_nullish(js.type_of(attributes)?) {
         let attributes = js.attributes(attributes, "options.attributes")?;
-        if let Some(reserved) = attributes.iter().find(|kv| kv.key.starts_with(RESERVED_PREFIX)) {
+        if let Some(reserved) = attributes
+            .iter()
+            .find(|kv| kv.key.starts_with(RESERVED_PREFIX))
+        {
             return range_error(
                 env,
                 &format!(
@@ -394,11 +451,17 @@ pub fn update_from_js(env: &Env, options: Option<&Unknown<'_>>) -> Result<Update
     let kind = js.type_of(schema_version)?;
     if !Js::is_nullish(kind) {
         if kind != sys::ValueType::napi_string {
-            return type_error(env, "The \"options.schemaVersion\" property must be of type string");
+            return type_error(
+                env,
+                "The \"options.schemaVersion\" property must be of type string",
+            );
         }
         let schema_version = js.string(schema_version)?;
         if schema_version.is_empty() {
-            return range_error(env, "The \"options.schemaVersion\" property must not be empty");
+            return range_error(
+                env,
+                "The \"options.schemaVersion\" property must not be empty",
+            );
         }
         update.schema_version = Some(schema_version);
     }
@@ -423,12 +486,18 @@ pub fn keys_from_js(env: &Env, keys: &Unknown<'_>) -> Result<Vec<String>> {
     for index in 0..length {
         let key = js.element(keys, index)?;
         if js.type_of(key)? != sys::ValueType::napi_string {
-            return type_error(env, &format!("The \"keys[{index}]\" element must be of type string"));
+            return type_error(
+                env,
+                &format!("The \"keys[{index}]\" element must be of type string"),
+            );
         }
         let key = js.string(key)?;
         js.charge(key.len(), "keys")?;
         if key.is_empty() {
-            return range_error(env, &format!("The \"keys[{index}]\" element must not be empty"));
+            return range_error(
+                env,
+                &format!("The \"keys[{index}]\" element must not be empty"),
+            );
         }
         result.push(key);
     }

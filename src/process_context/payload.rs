@@ -24,14 +24,26 @@ pub struct Contents<'a> {
 /// the caller's extra attributes.
 pub fn encode(contents: &Contents<'_>) -> Vec<u8> {
     let mut attributes = Vec::with_capacity(2 + contents.attributes.len());
-    attributes.push(KeyValue::new(SCHEMA_VERSION_KEY, AnyValue::string(contents.schema_version)));
+    attributes.push(KeyValue::new(
+        SCHEMA_VERSION_KEY,
+        AnyValue::string(contents.schema_version),
+    ));
     attributes.push(KeyValue::new(
         KEY_MAP_KEY,
-        AnyValue::array(contents.key_map.iter().map(|key| AnyValue::string(key.as_str())).collect()),
+        AnyValue::array(
+            contents
+                .key_map
+                .iter()
+                .map(|key| AnyValue::string(key.as_str()))
+                .collect(),
+        ),
     ));
     attributes.extend_from_slice(contents.attributes);
     let message = ProcessContext {
-        resource: Some(Resource { attributes: contents.resource.to_vec(), dropped_attributes_count: 0 }),
+        resource: Some(Resource {
+            attributes: contents.resource.to_vec(),
+            dropped_attributes_count: 0,
+        }),
         attributes,
     };
     message.encode_to_vec()
@@ -53,8 +65,14 @@ mod tests {
         let resource = vec![
             KeyValue::new("service.name", AnyValue::string("checkout")),
             KeyValue::new("process.pid", AnyValue::int(4242)),
-            KeyValue::new("tags", AnyValue::array(vec![AnyValue::string("a"), AnyValue::int(-1)])),
-            KeyValue::new("nested", AnyValue::kvlist(vec![KeyValue::new("inner", AnyValue::string("x"))])),
+            KeyValue::new(
+                "tags",
+                AnyValue::array(vec![AnyValue::string("a"), AnyValue::int(-1)]),
+            ),
+            KeyValue::new(
+                "nested",
+                AnyValue::kvlist(vec![KeyValue::new("inner", AnyValue::string("x"))]),
+            ),
         ];
         let extra = vec![KeyValue::new("custom", AnyValue::string("y"))];
         let key_map = vec!["http.route".to_string(), "user.id".to_string()];
@@ -69,9 +87,16 @@ mod tests {
         assert_eq!(decoded.resource.as_ref().unwrap().attributes, resource);
         assert_eq!(decoded.attributes.len(), 3);
         assert_eq!(decoded.attributes[0].key, SCHEMA_VERSION_KEY);
-        assert_eq!(string_of(decoded.attributes[0].value.as_ref()), "tlsdesc_v1_dev");
+        assert_eq!(
+            string_of(decoded.attributes[0].value.as_ref()),
+            "tlsdesc_v1_dev"
+        );
         assert_eq!(decoded.attributes[1].key, KEY_MAP_KEY);
-        match decoded.attributes[1].value.as_ref().and_then(|v| v.value.as_ref()) {
+        match decoded.attributes[1]
+            .value
+            .as_ref()
+            .and_then(|v| v.value.as_ref())
+        {
             Some(any_value::Value::ArrayValue(array)) => {
                 let keys: Vec<&str> = array.values.iter().map(|v| string_of(Some(v))).collect();
                 assert_eq!(keys, ["http.route", "user.id"]);
@@ -88,8 +113,15 @@ mod tests {
         // byte so a field-number or wire-type slip cannot hide behind a
         // roundtrip through the same declarations.
         let resource = vec![KeyValue::new("k", AnyValue::int(1))];
-        let bytes = encode(&Contents { resource: &resource, attributes: &[], schema_version: "v", key_map: &[] });
-        let mut expected = vec![0x0a, 0x09, 0x0a, 0x07, 0x0a, 0x01, b'k', 0x12, 0x02, 0x18, 0x01];
+        let bytes = encode(&Contents {
+            resource: &resource,
+            attributes: &[],
+            schema_version: "v",
+            key_map: &[],
+        });
+        let mut expected = vec![
+            0x0a, 0x09, 0x0a, 0x07, 0x0a, 0x01, b'k', 0x12, 0x02, 0x18, 0x01,
+        ];
         // attributes[0]: key "threadlocal.schema_version" (26 bytes), value {string "v"}
         expected.extend_from_slice(&[0x12, 0x21, 0x0a, 0x1a]);
         expected.extend_from_slice(SCHEMA_VERSION_KEY.as_bytes());

@@ -46,14 +46,25 @@ fn micros(e: &Entry) -> u64 {
 pub fn folded(p: &Profile) -> Vec<String> {
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for e in &p.entries {
-        let mut stack = vec![format!("{} ({})", e.thread_name.replace(';', ":"), e.tid), span_label(e).replace(';', ":")];
+        let mut stack = vec![
+            format!("{} ({})", e.thread_name.replace(';', ":"), e.tid),
+            span_label(e).replace(';', ":"),
+        ];
         if p.off_cpu {
-            stack.push(if e.kind == Kind::OnCpu { "[on-cpu]".into() } else { "[off-cpu]".into() });
+            stack.push(if e.kind == Kind::OnCpu {
+                "[on-cpu]".into()
+            } else {
+                "[off-cpu]".into()
+            });
         }
         stack.extend(frames(e));
         *lines.entry(stack.join(";")).or_default() += micros(e);
     }
-    lines.into_iter().filter(|(_, v)| *v > 0).map(|(k, v)| format!("{k} {v}")).collect()
+    lines
+        .into_iter()
+        .filter(|(_, v)| *v > 0)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect()
 }
 
 /// One trace's folded lines.
@@ -67,13 +78,21 @@ pub struct Trace {
 
 /// Per trace, the busiest first, at most `limit`.
 pub fn per_trace(p: &Profile, limit: usize) -> Vec<Trace> {
-    let mut traces: BTreeMap<[u8; 16], (BTreeMap<String, u64>, Vec<String>)> = BTreeMap::new();
+    // Per trace id: folded stack -> samples, and the span ids seen.
+    type Folded = BTreeMap<String, u64>;
+    let mut traces: BTreeMap<[u8; 16], (Folded, Vec<String>)> = BTreeMap::new();
     for e in &p.entries {
-        let Some(Span { trace_id, .. }) = e.span else { continue };
+        let Some(Span { trace_id, .. }) = e.span else {
+            continue;
+        };
         let (lines, routes) = traces.entry(trace_id).or_default();
         let mut stack = vec![span_label(e).replace(';', ":")];
         if p.off_cpu {
-            stack.push(if e.kind == Kind::OnCpu { "[on-cpu]".into() } else { "[off-cpu]".into() });
+            stack.push(if e.kind == Kind::OnCpu {
+                "[on-cpu]".into()
+            } else {
+                "[off-cpu]".into()
+            });
         }
         stack.extend(frames(e));
         *lines.entry(stack.join(";")).or_default() += micros(e);
@@ -95,11 +114,19 @@ pub fn per_trace(p: &Profile, limit: usize) -> Vec<Trace> {
                 total_us: lines.values().sum(),
                 title,
                 trace_id,
-                lines: lines.into_iter().filter(|(_, v)| *v > 0).map(|(k, v)| format!("{k} {v}")).collect(),
+                lines: lines
+                    .into_iter()
+                    .filter(|(_, v)| *v > 0)
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect(),
             }
         })
         .collect();
-    out.sort_by(|a, b| b.total_us.cmp(&a.total_us).then(a.trace_id.cmp(&b.trace_id)));
+    out.sort_by(|a, b| {
+        b.total_us
+            .cmp(&a.total_us)
+            .then(a.trace_id.cmp(&b.trace_id))
+    });
     out.truncate(limit);
     out
 }
@@ -131,8 +158,18 @@ mod tests {
         let p = crate::profile::model::tests::profile();
         let lines = folded(&p);
         assert!(lines.contains(&"main (1);span 0707070707070707 http.route=/a;[on-cpu];main;caller;leaf;schedule_[k] 20000".to_string()), "{lines:#?}");
-        assert!(lines.iter().any(|l| l.starts_with("t2 (2);[idle];[off-cpu];") && l.ends_with(" 9")), "{lines:#?}");
-        assert!(lines.iter().any(|l| l.starts_with("t2 (2);[no span];[on-cpu];main;leaf")), "{lines:#?}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("t2 (2);[idle];[off-cpu];") && l.ends_with(" 9")),
+            "{lines:#?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("t2 (2);[no span];[on-cpu];main;leaf")),
+            "{lines:#?}"
+        );
     }
 
     #[test]
@@ -140,9 +177,13 @@ mod tests {
         let p = crate::profile::model::tests::profile();
         let traces = per_trace(&p, 10);
         assert_eq!(traces.len(), 1);
-        assert_eq!(traces[0].title, "trace 07070707070707070707070707070707 (/a)");
+        assert_eq!(
+            traces[0].title,
+            "trace 07070707070707070707070707070707 (/a)"
+        );
         assert_eq!(traces[0].total_us, 20_000 + 5);
-        let svg = String::from_utf8(svg(&traces[0].lines, &traces[0].title, None).unwrap()).unwrap();
+        let svg =
+            String::from_utf8(svg(&traces[0].lines, &traces[0].title, None).unwrap()).unwrap();
         assert!(svg.contains("<svg") && svg.contains("caller"));
         assert!(per_trace(&p, 0).is_empty());
     }

@@ -22,7 +22,14 @@ fn syscall(s: &Sample, names: &Names) -> Option<String> {
 /// `syscall` names the system call the thread was in, when it was in one.
 pub fn line(s: &Sample, key_map: &[String], names: &Names) -> String {
     let mut o = Map::new();
-    o.insert("kind".into(), json!(if s.kind == Kind::OnCpu { "cpu" } else { "off_cpu" }));
+    o.insert(
+        "kind".into(),
+        json!(if s.kind == Kind::OnCpu {
+            "cpu"
+        } else {
+            "off_cpu"
+        }),
+    );
     o.insert("tid".into(), json!(s.tid));
     o.insert("t_ns".into(), json!(s.time_ns));
     if s.kind == Kind::OffCpu {
@@ -48,7 +55,10 @@ pub fn line(s: &Sample, key_map: &[String], names: &Names) -> String {
             .entries
             .into_iter()
             .map(|a| {
-                let key = key_map.get(a.key_index as usize).cloned().unwrap_or_else(|| format!("attr.{}", a.key_index));
+                let key = key_map
+                    .get(a.key_index as usize)
+                    .cloned()
+                    .unwrap_or_else(|| format!("attr.{}", a.key_index));
                 (key, json!(String::from_utf8_lossy(&a.value)))
             })
             .collect();
@@ -65,7 +75,8 @@ mod tests {
     #[test]
     fn lines_carry_time_span_and_named_attributes() {
         let on = sample(Kind::OnCpu, 3, record(7, &[0, 2, b'/', b'a']), &[], 0);
-        let v: Value = serde_json::from_str(&line(&on, &["http.route".into()], &Names::default())).unwrap();
+        let v: Value =
+            serde_json::from_str(&line(&on, &["http.route".into()], &Names::default())).unwrap();
         assert_eq!(v["kind"], "cpu");
         assert_eq!(v["tid"], 3);
         assert_eq!(v["t_ns"], 1_000);
@@ -76,12 +87,26 @@ mod tests {
         assert!(v.get("syscall").is_none());
         let off = sample(Kind::OffCpu, 3, RecordRead::Null, &[], 42);
         let mut names = Names::default();
-        let frame = |name: &str| crate::profile::symbolize::Frame { name: name.into(), module: "[kernel]".into() };
-        names.kernel.insert(0xffff_ffff_a000_0000, frame("schedule"));
-        names.kernel.insert(0xffff_ffff_a000_0010, frame("__x64_sys_epoll_pwait"));
+        let frame = |name: &str| crate::profile::symbolize::Frame {
+            name: name.into(),
+            module: "[kernel]".into(),
+        };
+        names
+            .kernel
+            .insert(0xffff_ffff_a000_0000, frame("schedule"));
+        names
+            .kernel
+            .insert(0xffff_ffff_a000_0010, frame("__x64_sys_epoll_pwait"));
         let v: Value = serde_json::from_str(&line(&off, &[], &names)).unwrap();
         assert_eq!(v["syscall"], "epoll_pwait");
-        assert_eq!((v["kind"].as_str(), v["off_cpu_ns"].as_u64(), v["valid"].as_bool()), (Some("off_cpu"), Some(42), Some(false)));
+        assert_eq!(
+            (
+                v["kind"].as_str(),
+                v["off_cpu_ns"].as_u64(),
+                v["valid"].as_bool()
+            ),
+            (Some("off_cpu"), Some(42), Some(false))
+        );
         assert_eq!(v["record"], "null");
         assert!(v.get("span_id").is_none());
     }

@@ -129,8 +129,16 @@ pub fn decode(b: &[u8]) -> Option<Sample> {
         time_ns: u64_at(b, layout::TIME_NS),
         off_cpu_ns: u64_at(b, layout::OFF_CPU_NS),
         record,
-        user_stack: stack(b, layout::USER_STACK, u32_at(b, layout::USER_STACK_BYTES) as i32),
-        kernel_stack: stack(b, layout::KERNEL_STACK, u32_at(b, layout::KERNEL_STACK_BYTES) as i32),
+        user_stack: stack(
+            b,
+            layout::USER_STACK,
+            u32_at(b, layout::USER_STACK_BYTES) as i32,
+        ),
+        kernel_stack: stack(
+            b,
+            layout::KERNEL_STACK,
+            u32_at(b, layout::KERNEL_STACK_BYTES) as i32,
+        ),
     })
 }
 
@@ -228,14 +236,18 @@ mod loaded {
                 .override_global("tls_module_id", &globals.module_id, true)
                 .override_global("tls_module_offset", &globals.module_offset, true)
                 .override_global("tls_dtv_pointer_offset", &globals.dtv_pointer_offset, true);
-            let mut ebpf = loader.load(OBJECT).map_err(|e| explain("loading the BPF object", &e))?;
+            let mut ebpf = loader
+                .load(OBJECT)
+                .map_err(|e| explain("loading the BPF object", &e))?;
             let prog: &mut PerfEvent = ebpf
                 .program_mut("on_cpu")
                 .ok_or("the BPF object has no on_cpu program")?
                 .try_into()
                 .map_err(|e| format!("on_cpu: {e}"))?;
-            prog.load().map_err(|e| explain("loading the on-CPU program", &e))?;
-            let cpus = aya::util::online_cpus().map_err(|(_, e)| format!("listing online CPUs: {e}"))?;
+            prog.load()
+                .map_err(|e| explain("loading the on-CPU program", &e))?;
+            let cpus =
+                aya::util::online_cpus().map_err(|(_, e)| format!("listing online CPUs: {e}"))?;
             for cpu in cpus {
                 prog.attach(
                     PerfEventConfig::Software(SoftwareEvent::CpuClock),
@@ -256,13 +268,19 @@ mod loaded {
                     .map_err(|e| format!("off_cpu: {e}"))?;
                 prog.load("sched_switch", &btf)
                     .map_err(|e| explain("loading the sched_switch program", &e))?;
-                prog.attach().map_err(|e| explain("attaching to sched_switch", &e))?;
+                prog.attach()
+                    .map_err(|e| explain("attaching to sched_switch", &e))?;
             }
             let ring = RingBuf::try_from(ebpf.take_map("samples").ok_or("no samples map")?)
                 .map_err(|e| format!("samples map: {e}"))?;
-            let counters = PerCpuArray::try_from(ebpf.take_map("counters").ok_or("no counters map")?)
-                .map_err(|e| format!("counters map: {e}"))?;
-            Ok(Loaded { ring, counters, _ebpf: ebpf })
+            let counters =
+                PerCpuArray::try_from(ebpf.take_map("counters").ok_or("no counters map")?)
+                    .map_err(|e| format!("counters map: {e}"))?;
+            Ok(Loaded {
+                ring,
+                counters,
+                _ebpf: ebpf,
+            })
         }
 
         /// Waits up to `timeout` for samples, then hands every pending one
@@ -290,7 +308,10 @@ mod loaded {
                     .map(|per_cpu| per_cpu.iter().sum())
                     .unwrap_or(0)
             };
-            Lost { ring_full: sum(0), blocked_table_full: sum(1) }
+            Lost {
+                ring_full: sum(0),
+                blocked_table_full: sum(1),
+            }
         }
     }
 
@@ -313,13 +334,21 @@ mod loaded {
 mod tests {
     use super::*;
 
-    fn sample_bytes(kind: u32, status: u32, record: &[u8], user: &[u64], kernel: &[u64]) -> Vec<u8> {
+    fn sample_bytes(
+        kind: u32,
+        status: u32,
+        record: &[u8],
+        user: &[u64],
+        kernel: &[u64],
+    ) -> Vec<u8> {
         let mut b = vec![0u8; SAMPLE_SIZE];
         b[layout::KIND..][..4].copy_from_slice(&kind.to_ne_bytes());
         b[layout::TID..][..4].copy_from_slice(&4242u32.to_ne_bytes());
         b[layout::RECORD_STATUS..][..4].copy_from_slice(&status.to_ne_bytes());
-        b[layout::USER_STACK_BYTES..][..4].copy_from_slice(&((user.len() * 8) as i32).to_ne_bytes());
-        b[layout::KERNEL_STACK_BYTES..][..4].copy_from_slice(&((kernel.len() * 8) as i32).to_ne_bytes());
+        b[layout::USER_STACK_BYTES..][..4]
+            .copy_from_slice(&((user.len() * 8) as i32).to_ne_bytes());
+        b[layout::KERNEL_STACK_BYTES..][..4]
+            .copy_from_slice(&((kernel.len() * 8) as i32).to_ne_bytes());
         b[layout::TIME_NS..][..8].copy_from_slice(&7u64.to_ne_bytes());
         b[layout::OFF_CPU_NS..][..8].copy_from_slice(&1_500u64.to_ne_bytes());
         b[layout::COMM..][..4].copy_from_slice(b"node");
@@ -352,7 +381,14 @@ mod tests {
     #[test]
     fn decodes_a_valid_record_with_its_attrs_and_stacks() {
         let attrs = [0, 2, b'/', b'a'];
-        let s = decode(&sample_bytes(1, 0, &record(1, &attrs), &[0x10, 0x20], &[0xffff_0001])).unwrap();
+        let s = decode(&sample_bytes(
+            1,
+            0,
+            &record(1, &attrs),
+            &[0x10, 0x20],
+            &[0xffff_0001],
+        ))
+        .unwrap();
         assert_eq!(s.kind, Kind::OffCpu);
         assert_eq!(s.tid, 4242);
         assert_eq!(s.comm, "node");
@@ -369,9 +405,18 @@ mod tests {
         let s = decode(&sample_bytes(0, 0, &record(0, &[1, 1, 1]), &[], &[])).unwrap();
         assert_eq!(s.kind, Kind::OnCpu);
         assert!(s.record.valid().is_none());
-        assert_eq!(decode(&sample_bytes(0, 1, &[], &[], &[])).unwrap().record, RecordRead::Null);
-        assert_eq!(decode(&sample_bytes(0, 2, &[], &[], &[])).unwrap().record, RecordRead::NoTlsBlock);
-        assert_eq!(decode(&sample_bytes(0, 3, &[], &[], &[])).unwrap().record, RecordRead::Unreadable);
+        assert_eq!(
+            decode(&sample_bytes(0, 1, &[], &[], &[])).unwrap().record,
+            RecordRead::Null
+        );
+        assert_eq!(
+            decode(&sample_bytes(0, 2, &[], &[], &[])).unwrap().record,
+            RecordRead::NoTlsBlock
+        );
+        assert_eq!(
+            decode(&sample_bytes(0, 3, &[], &[], &[])).unwrap().record,
+            RecordRead::Unreadable
+        );
         assert!(decode(&sample_bytes(9, 0, &[], &[], &[])).is_none());
         assert!(decode(&[0u8; 16]).is_none());
     }
@@ -387,7 +432,14 @@ mod tests {
     fn globals_follow_the_resolution_plan() {
         let g = Globals::new(9, Some(&Plan::Static { tp_offset: -440 }), 8);
         assert_eq!((g.tls_mode, g.tp_offset), (0, -440));
-        let g = Globals::new(9, Some(&Plan::Dtv { module_id: 3, offset: 0x18 }), 8);
+        let g = Globals::new(
+            9,
+            Some(&Plan::Dtv {
+                module_id: 3,
+                offset: 0x18,
+            }),
+            8,
+        );
         assert_eq!((g.tls_mode, g.module_id, g.module_offset), (1, 3, 0x18));
         assert_eq!(Globals::new(9, None, 8).tls_mode, TLS_NONE);
     }

@@ -99,11 +99,16 @@ fn privileged() -> bool {
 }
 
 fn unix_now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The process context's Resource (as published) and key map, if any.
-fn process_context(maps: &[crate::maps::Mapping], memory: &dyn crate::memory::Memory) -> (Option<Resource>, Vec<String>) {
+fn process_context(
+    maps: &[crate::maps::Mapping],
+    memory: &dyn crate::memory::Memory,
+) -> (Option<Resource>, Vec<String>) {
     let key_map = match process_context::lookup(maps, memory) {
         Lookup::Found(d) => d.attribute_key_map.clone().unwrap_or_default(),
         _ => Vec::new(),
@@ -142,19 +147,32 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
     let mut lines = Vec::new();
     let plan = match &target.resolution {
         Some(Ok(r)) => {
-            lines.push(format!("thread context: {} ({})", r.path, target.module.as_ref().map_or("", |m| m.path.as_str())));
+            lines.push(format!(
+                "thread context: {} ({})",
+                r.path,
+                target.module.as_ref().map_or("", |m| m.path.as_str())
+            ));
             Some(r.plan)
         }
         Some(Err(e)) => {
-            lines.push(format!("thread context: unreadable ({e}); samples carry no span"));
+            lines.push(format!(
+                "thread context: unreadable ({e}); samples carry no span"
+            ));
             None
         }
         None => {
-            lines.push("thread context: no module defines otel_thread_ctx_v1; samples carry no span".into());
+            lines.push(
+                "thread context: no module defines otel_thread_ctx_v1; samples carry no span"
+                    .into(),
+            );
             None
         }
     };
-    let globals = kernel::Globals::new(opts.pid as u32, plan.as_ref(), crate::tls::HOST.dtv_pointer_offset);
+    let globals = kernel::Globals::new(
+        opts.pid as u32,
+        plan.as_ref(),
+        crate::tls::HOST.dtv_pointer_offset,
+    );
     sample(opts, target, globals, lines)
 }
 
@@ -164,7 +182,12 @@ fn sample(_: &Options, _: Target, _: kernel::Globals, _: Vec<String>) -> Result<
 }
 
 #[cfg(profile_bpf)]
-fn sample(opts: &Options, target: Target, globals: kernel::Globals, mut lines: Vec<String>) -> Result<Report, Fatal> {
+fn sample(
+    opts: &Options,
+    target: Target,
+    globals: kernel::Globals,
+    mut lines: Vec<String>,
+) -> Result<Report, Fatal> {
     let pid = opts.pid;
     let mut loaded = kernel::Loaded::attach(&globals, opts.hz, opts.off_cpu).map_err(Fatal)?;
     let start_monotonic_ns = thread::monotonic_ns();
@@ -208,7 +231,10 @@ fn sample(opts: &Options, target: Target, globals: kernel::Globals, mut lines: V
                 break;
             }
         }
-        let left = opts.duration.saturating_sub(started.elapsed()).min(Duration::from_millis(100));
+        let left = opts
+            .duration
+            .saturating_sub(started.elapsed())
+            .min(Duration::from_millis(100));
         loaded.poll(left, |s| take(s, &mut collector));
     }
     loaded.poll(Duration::ZERO, |s| take(s, &mut collector));
@@ -264,7 +290,10 @@ fn sample(opts: &Options, target: Target, globals: kernel::Globals, mut lines: V
         if opts.off_cpu { format!(", {:.3} s off CPU", profile.off_cpu_ns() as f64 / 1e9) } else { String::new() }
     ));
     if target_exited {
-        lines.push(format!("pid {pid} exited after {:.2} s; the profile covers the run until then", duration_ns as f64 / 1e9));
+        lines.push(format!(
+            "pid {pid} exited after {:.2} s; the profile covers the run until then",
+            duration_ns as f64 / 1e9
+        ));
     }
     let resource = with_pid(resource, pid);
     let output = opts
@@ -279,13 +308,15 @@ fn sample(opts: &Options, target: Target, globals: kernel::Globals, mut lines: V
             text.push_str(&jsonl::line(s, &key_map, &names));
             text.push('\n');
         }
-        std::fs::write(&output, text).map_err(|e| Fatal(format!("cannot write {}: {e}", output.display())))?;
+        std::fs::write(&output, text)
+            .map_err(|e| Fatal(format!("cannot write {}: {e}", output.display())))?;
         lines.push(format!("wrote {}", output.display()));
     } else {
         write(opts, &profile, &resource, &notes, &output, &mut lines)?;
     }
     if let Some(endpoint) = &opts.otlp_endpoint {
-        let status = otlp::send(endpoint, &otlp::request(&profile, resource.clone())).map_err(Fatal)?;
+        let status =
+            otlp::send(endpoint, &otlp::request(&profile, resource.clone())).map_err(Fatal)?;
         lines.push(format!("sent OTLP profiles to {endpoint}: {status}"));
     }
     lines.extend(notes);
@@ -297,16 +328,23 @@ fn sample(opts: &Options, target: Target, globals: kernel::Globals, mut lines: V
 
 /// The Resource with `process.pid` added when the process context lacks it.
 fn with_pid(resource: Option<Resource>, pid: i32) -> Resource {
-    let mut r = resource.unwrap_or(Resource { attributes: Vec::new(), dropped_attributes_count: 0 });
+    let mut r = resource.unwrap_or(Resource {
+        attributes: Vec::new(),
+        dropped_attributes_count: 0,
+    });
     if !r.attributes.iter().any(|kv| kv.key == "process.pid") {
-        r.attributes.push(KeyValue::new("process.pid", AnyValue::int(pid as i64)));
+        r.attributes
+            .push(KeyValue::new("process.pid", AnyValue::int(pid as i64)));
     }
     r
 }
 
 /// `dir/stem.<trace>.ext` beside the whole-run file.
 fn trace_path(output: &Path, trace_id: &str, ext: &str) -> PathBuf {
-    let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let stem = name.strip_suffix(&format!(".{ext}")).unwrap_or(&name);
     output.with_file_name(format!("{stem}.{trace_id}.{ext}"))
 }
@@ -320,7 +358,8 @@ fn write(
     lines: &mut Vec<String>,
 ) -> Result<(), Fatal> {
     let save = |path: &Path, bytes: &[u8]| {
-        std::fs::write(path, bytes).map_err(|e| Fatal(format!("cannot write {}: {e}", path.display())))
+        std::fs::write(path, bytes)
+            .map_err(|e| Fatal(format!("cannot write {}: {e}", path.display())))
     };
     match opts.format {
         Format::Pprof => {
@@ -329,7 +368,10 @@ fn write(
         }
         Format::Otlp => {
             use otel_thread_ctx_otlp::Message;
-            save(output, &otlp::data(otlp::request(profile, resource.clone())).encode_to_vec())?;
+            save(
+                output,
+                &otlp::data(otlp::request(profile, resource.clone())).encode_to_vec(),
+            )?;
             lines.push(format!("wrote {}", output.display()));
         }
         Format::Jsonl => unreachable!("written from the raw samples"),
@@ -337,19 +379,30 @@ fn write(
             let ext = opts.format.extension();
             let title = format!("pid {} on and off CPU by thread and span", profile.pid);
             let whole = flame::folded(profile);
-            let subtitle = Some(format!("{} Hz, {:.1} s; values in microseconds", profile.hz, profile.duration_ns as f64 / 1e9));
+            let subtitle = Some(format!(
+                "{} Hz, {:.1} s; values in microseconds",
+                profile.hz,
+                profile.duration_ns as f64 / 1e9
+            ));
             let render = |lines: &[String], title: &str| -> Result<Vec<u8>, Fatal> {
                 if opts.format == Format::Svg {
                     flame::svg(lines, title, subtitle.clone()).map_err(Fatal)
                 } else {
-                    Ok(lines.iter().map(|l| format!("{l}\n")).collect::<String>().into_bytes())
+                    Ok(lines
+                        .iter()
+                        .map(|l| format!("{l}\n"))
+                        .collect::<String>()
+                        .into_bytes())
                 }
             };
             save(output, &render(&whole, &title)?)?;
             lines.push(format!("wrote {}", output.display()));
             let traces = flame::per_trace(profile, opts.max_traces);
             for t in &traces {
-                save(&trace_path(output, &t.trace_id, ext), &render(&t.lines, &t.title)?)?;
+                save(
+                    &trace_path(output, &t.trace_id, ext),
+                    &render(&t.lines, &t.title)?,
+                )?;
             }
             if !traces.is_empty() {
                 lines.push(format!(
@@ -369,15 +422,24 @@ mod tests {
 
     #[test]
     fn per_trace_files_sit_beside_the_whole_run_file() {
-        assert_eq!(trace_path(Path::new("/o/run.svg"), "ab", "svg"), PathBuf::from("/o/run.ab.svg"));
-        assert_eq!(trace_path(Path::new("run"), "ab", "folded"), PathBuf::from("run.ab.folded"));
+        assert_eq!(
+            trace_path(Path::new("/o/run.svg"), "ab", "svg"),
+            PathBuf::from("/o/run.ab.svg")
+        );
+        assert_eq!(
+            trace_path(Path::new("run"), "ab", "folded"),
+            PathBuf::from("run.ab.folded")
+        );
     }
 
     #[test]
     fn the_resource_names_the_process() {
         let r = with_pid(None, 7);
         assert_eq!(r.attributes[0].key, "process.pid");
-        let given = Resource { attributes: vec![KeyValue::new("process.pid", AnyValue::int(1))], dropped_attributes_count: 0 };
+        let given = Resource {
+            attributes: vec![KeyValue::new("process.pid", AnyValue::int(1))],
+            dropped_attributes_count: 0,
+        };
         assert_eq!(with_pid(Some(given), 7).attributes.len(), 1);
     }
 }

@@ -69,7 +69,10 @@ impl Entry {
 
     /// The record attribute `key`, if the span carried it.
     pub fn attribute(&self, key: &str) -> Option<&str> {
-        self.attributes.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.attributes
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -91,15 +94,24 @@ pub struct Profile {
 impl Profile {
     /// Wall-clock nanoseconds of a CLOCK_MONOTONIC time of this run.
     pub fn unix_ns(&self, monotonic_ns: u64) -> u64 {
-        (self.start_unix_ns as i128 + monotonic_ns as i128 - self.start_monotonic_ns as i128).max(0) as u64
+        (self.start_unix_ns as i128 + monotonic_ns as i128 - self.start_monotonic_ns as i128).max(0)
+            as u64
     }
 
     pub fn on_cpu_samples(&self) -> u64 {
-        self.entries.iter().filter(|e| e.kind == Kind::OnCpu).map(|e| e.events.len() as u64).sum()
+        self.entries
+            .iter()
+            .filter(|e| e.kind == Kind::OnCpu)
+            .map(|e| e.events.len() as u64)
+            .sum()
     }
 
     pub fn off_cpu_ns(&self) -> u64 {
-        self.entries.iter().filter(|e| e.kind == Kind::OffCpu).map(Entry::total_ns).sum()
+        self.entries
+            .iter()
+            .filter(|e| e.kind == Kind::OffCpu)
+            .map(Entry::total_ns)
+            .sum()
     }
 }
 
@@ -147,7 +159,13 @@ pub fn build(
                         (key, String::from_utf8_lossy(&a.value).into_owned())
                     })
                     .collect();
-                (Some(Span { trace_id: h.trace_id, span_id: h.span_id }), attrs)
+                (
+                    Some(Span {
+                        trace_id: h.trace_id,
+                        span_id: h.span_id,
+                    }),
+                    attrs,
+                )
             }
             None => (None, Vec::new()),
         };
@@ -156,7 +174,10 @@ pub fn build(
             (Kind::OffCpu, true) => State::Blocked,
             (Kind::OffCpu, false) => State::Idle,
         };
-        let unknown = |addr: u64| Frame { name: format!("{addr:#x}"), module: "[unknown]".into() };
+        let unknown = |addr: u64| Frame {
+            name: format!("{addr:#x}"),
+            module: "[unknown]".into(),
+        };
         let mut frames: Vec<Frame> = s
             .kernel_stack
             .iter()
@@ -164,7 +185,10 @@ pub fn build(
             .collect();
         // A stack taken inside the sched_switch tracepoint starts with the
         // profiler's own program and the tracepoint's dispatch: not the target's.
-        if let Some(i) = frames.iter().position(|f| f.name.starts_with("bpf_trace_run")) {
+        if let Some(i) = frames
+            .iter()
+            .position(|f| f.name.starts_with("bpf_trace_run"))
+        {
             frames.drain(..=i);
         }
         frames.extend(s.user_stack.iter().enumerate().map(|(i, &a)| {
@@ -188,7 +212,10 @@ pub fn build(
                 kind: s.kind,
                 state,
                 tid: s.tid,
-                thread_name: thread_names.get(&s.tid).cloned().unwrap_or_else(|| s.comm.clone()),
+                thread_name: thread_names
+                    .get(&s.tid)
+                    .cloned()
+                    .unwrap_or_else(|| s.comm.clone()),
                 span,
                 attributes: k.attributes.clone(),
                 frames: k.frames.clone(),
@@ -221,7 +248,13 @@ pub mod tests {
         }
     }
 
-    pub fn sample(kind: Kind, tid: u32, record: RecordRead, user: &[u64], off_cpu_ns: u64) -> Sample {
+    pub fn sample(
+        kind: Kind,
+        tid: u32,
+        record: RecordRead,
+        user: &[u64],
+        off_cpu_ns: u64,
+    ) -> Sample {
         Sample {
             kind,
             tid,
@@ -231,7 +264,11 @@ pub mod tests {
             record,
             user_stack: user.to_vec(),
             kernel_stack: if kind == Kind::OffCpu {
-                vec![0xffff_ffff_a000_0000, 0xffff_ffff_a000_0010, 0xffff_ffff_8100_0000]
+                vec![
+                    0xffff_ffff_a000_0000,
+                    0xffff_ffff_a000_0010,
+                    0xffff_ffff_8100_0000,
+                ]
             } else {
                 vec![0xffff_ffff_8100_0000]
             },
@@ -240,26 +277,64 @@ pub mod tests {
 
     pub fn names() -> Names {
         let mut n = Names::default();
-        let f = |name: &str, module: &str| Frame { name: name.into(), module: module.into() };
+        let f = |name: &str, module: &str| Frame {
+            name: name.into(),
+            module: module.into(),
+        };
         n.user.insert(0x10, f("leaf", "/bin/app"));
         n.user.insert(0x1f, f("caller", "/bin/app"));
         n.user.insert(0x2f, f("main", "/bin/app"));
-        n.kernel.insert(0xffff_ffff_8100_0000, f("schedule", "[kernel]"));
-        n.kernel.insert(0xffff_ffff_a000_0000, f("bpf_prog_1234_off_cpu", "[kernel]"));
-        n.kernel.insert(0xffff_ffff_a000_0010, f("bpf_trace_run4", "[kernel]"));
+        n.kernel
+            .insert(0xffff_ffff_8100_0000, f("schedule", "[kernel]"));
+        n.kernel.insert(
+            0xffff_ffff_a000_0000,
+            f("bpf_prog_1234_off_cpu", "[kernel]"),
+        );
+        n.kernel
+            .insert(0xffff_ffff_a000_0010, f("bpf_trace_run4", "[kernel]"));
         n
     }
 
     pub fn profile() -> Profile {
         let samples = vec![
-            sample(Kind::OnCpu, 1, record(7, &[0, 2, b'/', b'a']), &[0x10, 0x20, 0x30], 0),
-            sample(Kind::OnCpu, 1, record(7, &[0, 2, b'/', b'a']), &[0x10, 0x20, 0x30], 0),
+            sample(
+                Kind::OnCpu,
+                1,
+                record(7, &[0, 2, b'/', b'a']),
+                &[0x10, 0x20, 0x30],
+                0,
+            ),
+            sample(
+                Kind::OnCpu,
+                1,
+                record(7, &[0, 2, b'/', b'a']),
+                &[0x10, 0x20, 0x30],
+                0,
+            ),
             sample(Kind::OnCpu, 2, RecordRead::Null, &[0x10, 0x30], 0),
-            sample(Kind::OffCpu, 1, record(7, &[0, 2, b'/', b'a', 5, 1, b'x']), &[0x10, 0x30], 5_000),
+            sample(
+                Kind::OffCpu,
+                1,
+                record(7, &[0, 2, b'/', b'a', 5, 1, b'x']),
+                &[0x10, 0x30],
+                5_000,
+            ),
             sample(Kind::OffCpu, 2, RecordRead::Null, &[0x10], 9_000),
         ];
-        let base = Profile { pid: 42, hz: 100, off_cpu: true, period_ns: 10_000_000, ..Default::default() };
-        build(base, &samples, &names(), &["http.route".into()], &HashMap::from([(1, "main".to_string())]))
+        let base = Profile {
+            pid: 42,
+            hz: 100,
+            off_cpu: true,
+            period_ns: 10_000_000,
+            ..Default::default()
+        };
+        build(
+            base,
+            &samples,
+            &names(),
+            &["http.route".into()],
+            &HashMap::from([(1, "main".to_string())]),
+        )
     }
 
     #[test]
@@ -281,7 +356,11 @@ pub mod tests {
     #[test]
     fn off_cpu_without_a_span_is_idle_and_unknown_keys_keep_their_index() {
         let p = profile();
-        let blocked = p.entries.iter().find(|e| e.state == State::Blocked).unwrap();
+        let blocked = p
+            .entries
+            .iter()
+            .find(|e| e.state == State::Blocked)
+            .unwrap();
         assert_eq!(blocked.attribute("attr.5"), Some("x"));
         assert_eq!(blocked.total_ns(), 5_000);
         // The profiler's own frames are cut from the switch-out stack.

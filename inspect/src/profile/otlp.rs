@@ -9,9 +9,9 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use otel_thread_ctx_otlp::profiles::{
-    ExportProfilesServiceRequest, Function, InstrumentationScope, KeyValueAndUnit, Line, Link, Location,
-    Profile as OtlpProfile, ProfilesData, ProfilesDictionary, ResourceProfiles, Sample, ScopeProfiles, Stack,
-    ValueType,
+    ExportProfilesServiceRequest, Function, InstrumentationScope, KeyValueAndUnit, Line, Link,
+    Location, Profile as OtlpProfile, ProfilesData, ProfilesDictionary, ResourceProfiles, Sample,
+    ScopeProfiles, Stack, ValueType,
 };
 use otel_thread_ctx_otlp::{AnyValue, Message, Resource};
 
@@ -38,7 +38,10 @@ impl Dictionary {
         d.d.mapping_table.push(Default::default());
         d.d.location_table.push(Default::default());
         d.d.function_table.push(Default::default());
-        d.d.link_table.push(Link { trace_id: vec![0; 16], span_id: vec![0; 8] });
+        d.d.link_table.push(Link {
+            trace_id: vec![0; 16],
+            span_id: vec![0; 8],
+        });
         d.d.attribute_table.push(Default::default());
         d.d.stack_table.push(Default::default());
         d
@@ -61,9 +64,21 @@ impl Dictionary {
         let name = self.string(&f.name);
         let filename = self.string(&f.module);
         let function_index = self.d.function_table.len() as i32;
-        self.d.function_table.push(Function { name_strindex: name, system_name_strindex: name, filename_strindex: filename, start_line: 0 });
+        self.d.function_table.push(Function {
+            name_strindex: name,
+            system_name_strindex: name,
+            filename_strindex: filename,
+            start_line: 0,
+        });
         let i = self.d.location_table.len() as i32;
-        self.d.location_table.push(Location { lines: vec![Line { function_index, line: 0, column: 0 }], ..Default::default() });
+        self.d.location_table.push(Location {
+            lines: vec![Line {
+                function_index,
+                line: 0,
+                column: 0,
+            }],
+            ..Default::default()
+        });
         self.functions.insert(f.clone(), i);
         i
     }
@@ -74,7 +89,9 @@ impl Dictionary {
             return i;
         }
         let i = self.d.stack_table.len() as i32;
-        self.d.stack_table.push(Stack { location_indices: locations.clone() });
+        self.d.stack_table.push(Stack {
+            location_indices: locations.clone(),
+        });
         self.stacks.insert(locations, i);
         i
     }
@@ -84,7 +101,10 @@ impl Dictionary {
             return i;
         }
         let i = self.d.link_table.len() as i32;
-        self.d.link_table.push(Link { trace_id: trace_id.to_vec(), span_id: span_id.to_vec() });
+        self.d.link_table.push(Link {
+            trace_id: trace_id.to_vec(),
+            span_id: span_id.to_vec(),
+        });
         self.links.insert((trace_id, span_id), i);
         i
     }
@@ -95,7 +115,11 @@ impl Dictionary {
         }
         let key_strindex = self.string(key);
         let i = self.d.attribute_table.len() as i32;
-        self.d.attribute_table.push(KeyValueAndUnit { key_strindex, value: Some(AnyValue::string(value)), unit_strindex: 0 });
+        self.d.attribute_table.push(KeyValueAndUnit {
+            key_strindex,
+            value: Some(AnyValue::string(value)),
+            unit_strindex: 0,
+        });
         self.attributes.insert((key.into(), value.into()), i);
         i
     }
@@ -106,7 +130,11 @@ impl Dictionary {
         }
         let key_strindex = self.string(key);
         let i = self.d.attribute_table.len() as i32;
-        self.d.attribute_table.push(KeyValueAndUnit { key_strindex, value: Some(AnyValue::int(value)), unit_strindex: 0 });
+        self.d.attribute_table.push(KeyValueAndUnit {
+            key_strindex,
+            value: Some(AnyValue::int(value)),
+            unit_strindex: 0,
+        });
         self.numeric.insert((key.into(), value), i);
         i
     }
@@ -120,7 +148,10 @@ pub fn request(p: &Profile, resource: Resource) -> ExportProfilesServiceRequest 
             Kind::OnCpu => ("cpu", "cpu"),
             Kind::OffCpu => ("off_cpu", "context_switch"),
         };
-        let sample_type = ValueType { type_strindex: dict.string(type_name), unit_strindex: dict.string("nanoseconds") };
+        let sample_type = ValueType {
+            type_strindex: dict.string(type_name),
+            unit_strindex: dict.string("nanoseconds"),
+        };
         let mut out = OtlpProfile {
             sample_type: Some(sample_type),
             time_unix_nano: p.start_unix_ns,
@@ -128,10 +159,16 @@ pub fn request(p: &Profile, resource: Resource) -> ExportProfilesServiceRequest 
             ..Default::default()
         };
         if kind == Kind::OnCpu {
-            out.period_type = Some(ValueType { type_strindex: dict.string("cpu"), unit_strindex: dict.string("nanoseconds") });
+            out.period_type = Some(ValueType {
+                type_strindex: dict.string("cpu"),
+                unit_strindex: dict.string("nanoseconds"),
+            });
             out.period = p.period_ns as i64;
         } else {
-            out.period_type = Some(ValueType { type_strindex: dict.string(period_name), unit_strindex: dict.string("count") });
+            out.period_type = Some(ValueType {
+                type_strindex: dict.string(period_name),
+                unit_strindex: dict.string("count"),
+            });
             out.period = 1;
         }
         for e in p.entries.iter().filter(|e| e.kind == kind) {
@@ -161,7 +198,10 @@ pub fn request(p: &Profile, resource: Resource) -> ExportProfilesServiceRequest 
         resource_profiles: vec![ResourceProfiles {
             resource: Some(resource),
             scope_profiles: vec![ScopeProfiles {
-                scope: Some(InstrumentationScope { name: "otel-thread-ctx".into(), version: env!("CARGO_PKG_VERSION").into() }),
+                scope: Some(InstrumentationScope {
+                    name: "otel-thread-ctx".into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                }),
                 profiles,
                 schema_url: String::new(),
             }],
@@ -173,15 +213,18 @@ pub fn request(p: &Profile, resource: Resource) -> ExportProfilesServiceRequest 
 
 /// The file form.
 pub fn data(r: ExportProfilesServiceRequest) -> ProfilesData {
-    ProfilesData { resource_profiles: r.resource_profiles, dictionary: r.dictionary }
+    ProfilesData {
+        resource_profiles: r.resource_profiles,
+        dictionary: r.dictionary,
+    }
 }
 
 /// Where OTLP/HTTP profiles go on a receiver given as `http://host:port`
 /// (the signal path is added unless the URL has a path).
 pub fn endpoint_url(endpoint: &str) -> Result<(String, String), String> {
-    let rest = endpoint
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("--otlp-endpoint {endpoint:?}: only plain http:// receivers are supported"))?;
+    let rest = endpoint.strip_prefix("http://").ok_or_else(|| {
+        format!("--otlp-endpoint {endpoint:?}: only plain http:// receivers are supported")
+    })?;
     let (authority, path) = match rest.find('/') {
         Some(i) if rest[i..].len() > 1 => (&rest[..i], rest[i..].to_string()),
         Some(i) => (&rest[..i], "/v1development/profiles".to_string()),
@@ -205,17 +248,25 @@ pub fn send(endpoint: &str, r: &ExportProfilesServiceRequest) -> Result<String, 
     let body = r.encode_to_vec();
     let fail = |e: std::io::Error| format!("sending to {endpoint}: {e}");
     let mut stream = TcpStream::connect(&authority).map_err(fail)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).map_err(fail)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(fail)?;
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/x-protobuf\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes()).and_then(|_| stream.write_all(&body)).map_err(fail)?;
+    stream
+        .write_all(head.as_bytes())
+        .and_then(|_| stream.write_all(&body))
+        .map_err(fail)?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).map_err(fail)?;
     let text = String::from_utf8_lossy(&response);
     let status = text.lines().next().unwrap_or("").to_string();
-    let code = status.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok());
+    let code = status
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok());
     match code {
         Some(200..=299) => Ok(status),
         _ => Err(format!("{endpoint} answered {status:?}")),
@@ -230,22 +281,43 @@ mod tests {
     #[test]
     fn samples_link_to_their_span_and_tables_start_with_zero_values() {
         let p = crate::profile::model::tests::profile();
-        let resource = Resource { attributes: vec![KeyValue::new("service.name", AnyValue::string("svc"))], dropped_attributes_count: 0 };
+        let resource = Resource {
+            attributes: vec![KeyValue::new("service.name", AnyValue::string("svc"))],
+            dropped_attributes_count: 0,
+        };
         let bytes = data(request(&p, resource)).encode_to_vec();
         let d = ProfilesData::decode(&bytes[..]).unwrap();
         let dict = d.dictionary.unwrap();
         assert_eq!(dict.string_table[0], "");
-        assert_eq!(dict.link_table[0], Link { trace_id: vec![0; 16], span_id: vec![0; 8] });
+        assert_eq!(
+            dict.link_table[0],
+            Link {
+                trace_id: vec![0; 16],
+                span_id: vec![0; 8]
+            }
+        );
         assert_eq!(dict.stack_table[0], Stack::default());
         let rp = &d.resource_profiles[0];
-        assert_eq!(rp.resource.as_ref().unwrap().attributes[0].key, "service.name");
+        assert_eq!(
+            rp.resource.as_ref().unwrap().attributes[0].key,
+            "service.name"
+        );
         let profiles = &rp.scope_profiles[0].profiles;
         assert_eq!(profiles.len(), 2);
         let s = |i: i32| dict.string_table[i as usize].as_str();
-        assert_eq!(s(profiles[0].sample_type.as_ref().unwrap().type_strindex), "cpu");
-        assert_eq!(s(profiles[1].sample_type.as_ref().unwrap().type_strindex), "off_cpu");
+        assert_eq!(
+            s(profiles[0].sample_type.as_ref().unwrap().type_strindex),
+            "cpu"
+        );
+        assert_eq!(
+            s(profiles[1].sample_type.as_ref().unwrap().type_strindex),
+            "off_cpu"
+        );
         let first = &profiles[0].samples[0];
-        assert_eq!(dict.link_table[first.link_index as usize].span_id, vec![7; 8]);
+        assert_eq!(
+            dict.link_table[first.link_index as usize].span_id,
+            vec![7; 8]
+        );
         assert_eq!(first.values, [10_000_000, 10_000_000]);
         assert_eq!(first.timestamps_unix_nano.len(), 2);
         let attrs: Vec<(&str, String)> = first
@@ -253,24 +325,48 @@ mod tests {
             .iter()
             .map(|&i| {
                 let kv = &dict.attribute_table[i as usize];
-                (s(kv.key_strindex), format!("{:?}", kv.value.as_ref().unwrap().value.as_ref().unwrap()))
+                (
+                    s(kv.key_strindex),
+                    format!("{:?}", kv.value.as_ref().unwrap().value.as_ref().unwrap()),
+                )
             })
             .collect();
-        assert!(attrs.iter().any(|(k, v)| *k == "http.route" && v.contains("/a")), "{attrs:?}");
+        assert!(
+            attrs
+                .iter()
+                .any(|(k, v)| *k == "http.route" && v.contains("/a")),
+            "{attrs:?}"
+        );
         assert!(attrs.iter().any(|(k, _)| *k == "thread.id"));
         // An idle sample has no link.
-        let idle = profiles[1].samples.iter().find(|x| x.values == [9_000]).unwrap();
+        let idle = profiles[1]
+            .samples
+            .iter()
+            .find(|x| x.values == [9_000])
+            .unwrap();
         assert_eq!(idle.link_index, 0);
         let stack = &dict.stack_table[first.stack_index as usize];
         let leaf = &dict.location_table[stack.location_indices[1] as usize];
-        assert_eq!(s(dict.function_table[leaf.lines[0].function_index as usize].name_strindex), "leaf");
+        assert_eq!(
+            s(dict.function_table[leaf.lines[0].function_index as usize].name_strindex),
+            "leaf"
+        );
     }
 
     #[test]
     fn endpoints_get_the_profiles_path_and_default_port() {
-        assert_eq!(endpoint_url("http://127.0.0.1:4318").unwrap(), ("127.0.0.1:4318".into(), "/v1development/profiles".into()));
-        assert_eq!(endpoint_url("http://localhost/").unwrap(), ("localhost:4318".into(), "/v1development/profiles".into()));
-        assert_eq!(endpoint_url("http://h:1/x/y").unwrap(), ("h:1".into(), "/x/y".into()));
+        assert_eq!(
+            endpoint_url("http://127.0.0.1:4318").unwrap(),
+            ("127.0.0.1:4318".into(), "/v1development/profiles".into())
+        );
+        assert_eq!(
+            endpoint_url("http://localhost/").unwrap(),
+            ("localhost:4318".into(), "/v1development/profiles".into())
+        );
+        assert_eq!(
+            endpoint_url("http://h:1/x/y").unwrap(),
+            ("h:1".into(), "/x/y".into())
+        );
         assert!(endpoint_url("https://h").is_err());
         assert!(endpoint_url("http://").is_err());
     }

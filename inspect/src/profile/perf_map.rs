@@ -68,7 +68,14 @@ garbage line
     fn parses_entries_and_skips_garbage() {
         let e = parse(MAP);
         assert_eq!(e.len(), 4);
-        assert_eq!(e[0], Entry { start: 0x1000, size: 0x100, name: "JS:~startup /app/boot.js:1:1".into() });
+        assert_eq!(
+            e[0],
+            Entry {
+                start: 0x1000,
+                size: 0x100,
+                name: "JS:~startup /app/boot.js:1:1".into()
+            }
+        );
         assert_eq!(e[3].name, "JS:^lazy /app/x.js:2:2");
     }
 

@@ -130,7 +130,10 @@ impl Strings {
 /// Encodes the profile (not yet gzipped).
 fn encode(p: &Profile, comments: &[String]) -> proto::Profile {
     let mut strings = Strings::new();
-    let value_type = |t: &str, u: &str, s: &mut Strings| proto::ValueType { r#type: s.get(t), unit: s.get(u) };
+    let value_type = |t: &str, u: &str, s: &mut Strings| proto::ValueType {
+        r#type: s.get(t),
+        unit: s.get(u),
+    };
     let mut sample_type = vec![
         value_type("samples", "count", &mut strings),
         value_type("cpu", "nanoseconds", &mut strings),
@@ -155,8 +158,16 @@ fn encode(p: &Profile, comments: &[String]) -> proto::Profile {
                 *locations.entry(f).or_insert_with(|| {
                     let id = out.location.len() as u64 + 1;
                     let name = strings.get(&f.name);
-                    out.function.push(proto::Function { id, name, system_name: name, filename: strings.get(&f.module) });
-                    out.location.push(proto::Location { id, line: vec![proto::Line { function_id: id }] });
+                    out.function.push(proto::Function {
+                        id,
+                        name,
+                        system_name: name,
+                        filename: strings.get(&f.module),
+                    });
+                    out.location.push(proto::Location {
+                        id,
+                        line: vec![proto::Line { function_id: id }],
+                    });
                     id
                 })
             })
@@ -166,21 +177,37 @@ fn encode(p: &Profile, comments: &[String]) -> proto::Profile {
             Kind::OffCpu => vec![0, 0],
         };
         if p.off_cpu {
-            value.push(if e.kind == Kind::OffCpu { e.total_ns() as i64 } else { 0 });
+            value.push(if e.kind == Kind::OffCpu {
+                e.total_ns() as i64
+            } else {
+                0
+            });
         }
-        let text = |k: &str, v: &str, s: &mut Strings| proto::Label { key: s.get(k), str: s.get(v), ..Default::default() };
+        let text = |k: &str, v: &str, s: &mut Strings| proto::Label {
+            key: s.get(k),
+            str: s.get(v),
+            ..Default::default()
+        };
         let mut label = Vec::new();
         if let Some(span) = &e.span {
             label.push(text("trace_id", &span.trace_hex(), &mut strings));
             label.push(text("span_id", &span.span_hex(), &mut strings));
         }
-        label.push(proto::Label { key: strings.get("thread.id"), num: e.tid as i64, ..Default::default() });
+        label.push(proto::Label {
+            key: strings.get("thread.id"),
+            num: e.tid as i64,
+            ..Default::default()
+        });
         label.push(text("thread.name", &e.thread_name, &mut strings));
         label.push(text("state", e.state.name(), &mut strings));
         for (k, v) in &e.attributes {
             label.push(text(k, v, &mut strings));
         }
-        out.sample.push(proto::Sample { location_id, value, label });
+        out.sample.push(proto::Sample {
+            location_id,
+            value,
+            label,
+        });
     }
     out.default_sample_type = out.sample_type[if p.off_cpu { 2 } else { 1 }].r#type;
     out.comment = comments.iter().map(|c| strings.get(c)).collect();
@@ -206,23 +233,43 @@ mod tests {
         let p = crate::profile::model::tests::profile();
         let gz = write(&p, &["no perf map".into()]);
         let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_end(&mut raw)
+            .unwrap();
         let d = proto::Profile::decode(&raw[..]).unwrap();
         let s = |i: i64| d.string_table[i as usize].as_str();
         assert_eq!(s(0), "");
-        let types: Vec<(&str, &str)> = d.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect();
-        assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds"), ("off_cpu", "nanoseconds")]);
+        let types: Vec<(&str, &str)> = d
+            .sample_type
+            .iter()
+            .map(|t| (s(t.r#type), s(t.unit)))
+            .collect();
+        assert_eq!(
+            types,
+            [
+                ("samples", "count"),
+                ("cpu", "nanoseconds"),
+                ("off_cpu", "nanoseconds")
+            ]
+        );
         assert_eq!(d.sample.len(), p.entries.len());
         let first = &d.sample[0];
         assert_eq!(first.value, [2, 20_000_000, 0]);
-        let labels: HashMap<&str, &str> =
-            first.label.iter().filter(|l| l.str != 0).map(|l| (s(l.key), s(l.str))).collect();
+        let labels: HashMap<&str, &str> = first
+            .label
+            .iter()
+            .filter(|l| l.str != 0)
+            .map(|l| (s(l.key), s(l.str)))
+            .collect();
         assert_eq!(labels["trace_id"], "07070707070707070707070707070707");
         assert_eq!(labels["span_id"], "0707070707070707");
         assert_eq!(labels["thread.name"], "main");
         assert_eq!(labels["http.route"], "/a");
         assert_eq!(labels["state"], "running");
-        assert!(first.label.iter().any(|l| s(l.key) == "thread.id" && l.num == 1));
+        assert!(first
+            .label
+            .iter()
+            .any(|l| s(l.key) == "thread.id" && l.num == 1));
         // Leaf first, every location resolvable to a function name.
         let name = |id: u64| s(d.function[(id - 1) as usize].name);
         assert_eq!(name(first.location_id[1]), "leaf");

@@ -46,7 +46,13 @@ const REFRESH_EVERY: Duration = Duration::from_millis(200);
 
 impl Collector {
     pub fn new(pid: i32, maps: Vec<Mapping>) -> Collector {
-        Collector { pid, maps, refreshed: Instant::now(), user: HashMap::new(), kernel: HashSet::new() }
+        Collector {
+            pid,
+            maps,
+            refreshed: Instant::now(),
+            user: HashMap::new(),
+            kernel: HashSet::new(),
+        }
     }
 
     /// Records a user-space address to name later (a lookup address: return
@@ -80,13 +86,27 @@ impl Collector {
         let mut anonymous = Vec::new();
         for (&addr, place) in &self.user {
             match place {
-                Place::File { path, offset } => by_file.entry(path).or_default().push((addr, *offset)),
+                Place::File { path, offset } => {
+                    by_file.entry(path).or_default().push((addr, *offset))
+                }
                 Place::Anonymous => anonymous.push(addr),
                 Place::Special(name) => {
-                    names.user.insert(addr, Frame { name: name.clone(), module: name.clone() });
+                    names.user.insert(
+                        addr,
+                        Frame {
+                            name: name.clone(),
+                            module: name.clone(),
+                        },
+                    );
                 }
                 Place::Unmapped => {
-                    names.user.insert(addr, Frame { name: format!("[unknown] {addr:#x}"), module: "[unknown]".into() });
+                    names.user.insert(
+                        addr,
+                        Frame {
+                            name: format!("[unknown] {addr:#x}"),
+                            module: "[unknown]".into(),
+                        },
+                    );
                 }
             }
         }
@@ -95,14 +115,24 @@ impl Collector {
             let mut elf = Elf::new(path);
             elf.debug_syms = false;
             let src = Source::Elf(elf);
-            let results = symbolizer.symbolize(&src, Input::FileOffset(&offsets)).unwrap_or_default();
-            let base = Path::new(path).file_name().map_or(path.to_string(), |f| f.to_string_lossy().into_owned());
+            let results = symbolizer
+                .symbolize(&src, Input::FileOffset(&offsets))
+                .unwrap_or_default();
+            let base = Path::new(path)
+                .file_name()
+                .map_or(path.to_string(), |f| f.to_string_lossy().into_owned());
             for (i, &(addr, offset)) in addrs.iter().enumerate() {
                 let name = match results.get(i) {
                     Some(Symbolized::Sym(sym)) => sym.name.to_string(),
                     _ => format!("[{base}+{offset:#x}]"),
                 };
-                names.user.insert(addr, Frame { name, module: path.to_string() });
+                names.user.insert(
+                    addr,
+                    Frame {
+                        name,
+                        module: path.to_string(),
+                    },
+                );
             }
         }
         let map_path = perf_map::path(self.pid);
@@ -113,15 +143,27 @@ impl Collector {
                 let found = perf_map::resolve(&entries, &anonymous);
                 for &addr in &anonymous {
                     let frame = match found.get(&addr) {
-                        Some(name) => Frame { name: name.to_string(), module: "[jit]".into() },
-                        None => Frame { name: format!("[anon] {addr:#x}"), module: "[anon]".into() },
+                        Some(name) => Frame {
+                            name: name.to_string(),
+                            module: "[jit]".into(),
+                        },
+                        None => Frame {
+                            name: format!("[anon] {addr:#x}"),
+                            module: "[anon]".into(),
+                        },
                     };
                     names.user.insert(addr, frame);
                 }
             }
             Err(_) => {
                 for &addr in &anonymous {
-                    names.user.insert(addr, Frame { name: "[unnamed JIT code]".into(), module: "[anon]".into() });
+                    names.user.insert(
+                        addr,
+                        Frame {
+                            name: "[unnamed JIT code]".into(),
+                            module: "[anon]".into(),
+                        },
+                    );
                 }
             }
         }
@@ -134,13 +176,21 @@ impl Collector {
                 debug_syms: false,
                 ..Default::default()
             });
-            let results = symbolizer.symbolize(&src, Input::AbsAddr(&kernel)).unwrap_or_default();
+            let results = symbolizer
+                .symbolize(&src, Input::AbsAddr(&kernel))
+                .unwrap_or_default();
             for (i, &addr) in kernel.iter().enumerate() {
                 let name = match results.get(i) {
                     Some(Symbolized::Sym(sym)) => sym.name.to_string(),
                     _ => format!("[kernel] {addr:#x}"),
                 };
-                names.kernel.insert(addr, Frame { name, module: "[kernel]".into() });
+                names.kernel.insert(
+                    addr,
+                    Frame {
+                        name,
+                        module: "[kernel]".into(),
+                    },
+                );
             }
         }
         names
@@ -152,7 +202,10 @@ fn place_of(maps: &[Mapping], addr: u64) -> Place {
         return Place::Unmapped;
     };
     if m.is_file_backed() {
-        Place::File { path: m.name().to_string(), offset: addr - m.start + m.offset }
+        Place::File {
+            path: m.name().to_string(),
+            offset: addr - m.start + m.offset,
+        }
     } else if m.path.starts_with('[') && !m.path.starts_with("[anon") {
         // [vdso], [vsyscall], [stack], [heap]
         Place::Special(m.path.clone())
@@ -177,7 +230,14 @@ mod tests {
     use super::*;
 
     fn mapping(start: u64, end: u64, offset: u64, inode: u64, path: &str) -> Mapping {
-        Mapping { start, end, perms: "r-xp".into(), offset, inode, path: path.into() }
+        Mapping {
+            start,
+            end,
+            perms: "r-xp".into(),
+            offset,
+            inode,
+            path: path.into(),
+        }
     }
 
     #[test]
@@ -187,7 +247,9 @@ mod tests {
             mapping(0x4000, 0x5000, 0, 0, ""),
             mapping(0x6000, 0x7000, 0, 0, "[vdso]"),
         ];
-        assert!(matches!(place_of(&maps, 0x1010), Place::File { ref path, offset: 0x2010 } if path == "/usr/bin/node"));
+        assert!(
+            matches!(place_of(&maps, 0x1010), Place::File { ref path, offset: 0x2010 } if path == "/usr/bin/node")
+        );
         assert!(matches!(place_of(&maps, 0x4100), Place::Anonymous));
         assert!(matches!(place_of(&maps, 0x6100), Place::Special(ref s) if s == "[vdso]"));
         assert!(matches!(place_of(&maps, 0x9000), Place::Unmapped));
@@ -202,6 +264,9 @@ mod tests {
         c.user(addr);
         let names = c.finish();
         let frame = &names.user[&addr];
-        assert!(frame.name.contains("own_executable_symbols_are_found"), "{frame:?}");
+        assert!(
+            frame.name.contains("own_executable_symbols_are_found"),
+            "{frame:?}"
+        );
     }
 }
