@@ -151,7 +151,7 @@ pub fn clear_record(env: Env) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------
-// Process context (OTEP 4719): logic in src/process_context.rs.
+// Process context (OTEP 4719): logic in src/process_context/
 
 mod process_context;
 
