@@ -4,6 +4,7 @@
 //!
 //! This file holds the napi surface only; each concept has its own module.
 
+mod abi_layout;
 mod anonymous_memory;
 mod args;
 mod idle;
@@ -15,7 +16,7 @@ mod view;
 use napi::bindgen_prelude::{BigInt, Env, Error, Object, Result, Status, Uint8Array, Unknown};
 use napi_derive::napi;
 
-use record::RECORD_SIZE;
+use otel_thread_ctx_abi::record::{HEADER_SIZE, RECORD_SIZE};
 use registry::Slot;
 
 /// Registers the loading thread (main thread or worker) once, when the addon
@@ -47,6 +48,13 @@ fn current_slot(env: &Env) -> Result<Slot> {
             Err(Error::from_status(Status::PendingException))
         }
     }
+}
+
+/// The wire layout (record offsets and sizes, limits, process-context
+/// names) from the ABI crate, for the JavaScript writer.
+#[napi]
+pub fn abi_layout() -> abi_layout::AbiLayout {
+    abi_layout::layout()
 }
 
 /// Diagnostics about the calling thread's registration.
@@ -132,8 +140,11 @@ pub fn record_buffer(env: &Env) -> Result<Object<'_>> {
 #[napi]
 pub fn write_record(env: Env, image: Uint8Array) -> Result<()> {
     let slot = current_slot(&env)?;
-    if image.len() < record::HEADER_SIZE || image.len() > RECORD_SIZE {
-        return args::range_error(&env, "a record image is 28 to 640 bytes");
+    if image.len() < HEADER_SIZE || image.len() > RECORD_SIZE {
+        return args::range_error(
+            &env,
+            &format!("a record image is {HEADER_SIZE} to {RECORD_SIZE} bytes"),
+        );
     }
     // SAFETY: the slot's record is live and owned by this thread.
     unsafe { record::write_image(slot.record, &image) };
