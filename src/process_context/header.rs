@@ -5,15 +5,14 @@
 use std::mem::{align_of, offset_of, size_of};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
-use super::MAX_PAYLOAD_BYTES;
-
-/// Header format version written in [`Header::version`].
-pub const VERSION: u32 = 2;
-/// The header's first 8 bytes (no NUL).
-pub const SIGNATURE: [u8; 8] = *b"OTEL_CTX";
+use otel_thread_ctx_abi::process_context::{
+    HEADER_SIZE, MAX_PAYLOAD_BYTES, OFFSET_PAYLOAD, OFFSET_PAYLOAD_SIZE, OFFSET_PUBLISHED_AT,
+    OFFSET_SIGNATURE, OFFSET_VERSION, SIGNATURE, VERSION,
+};
 
 /// The 32 bytes at the start of the mapping, as readers decode them
-/// (little-endian on the targeted platforms, i.e. host order).
+/// (little-endian on the targeted platforms, i.e. host order): the ABI
+/// crate's `Header`, field for field.
 ///
 /// Every field is an atomic so that the writer's stores are real stores the
 /// compiler can neither drop nor reorder across the fences of the protocol.
@@ -32,15 +31,7 @@ pub struct Header {
     payload: AtomicU64,
 }
 
-/// Byte offsets of the header fields, shared with the tests that read a
-/// live process from outside.
-pub const OFFSET_SIGNATURE: usize = 0;
-pub const OFFSET_VERSION: usize = 8;
-pub const OFFSET_PAYLOAD_SIZE: usize = 12;
-pub const OFFSET_PUBLISHED_AT: usize = 16;
-pub const OFFSET_PAYLOAD: usize = 24;
-pub const HEADER_SIZE: usize = 32;
-
+// The layout readers decode is the ABI crate's.
 const _: () = {
     assert!(offset_of!(Header, signature) == OFFSET_SIGNATURE);
     assert!(offset_of!(Header, version) == OFFSET_VERSION);

@@ -33,8 +33,10 @@ use napi::bindgen_prelude::{
 };
 use napi::{check_status, sys, JsString, JsValue, ValueType};
 
-use super::payload::{any_value, AnyValue, KeyValue, RESERVED_PREFIX};
-use super::{PublishError, Update, MAX_KEYS, MAX_PAYLOAD_BYTES};
+use otel_thread_ctx_abi::process_context::{MAX_KEYS, MAX_PAYLOAD_BYTES, RESERVED_PREFIX};
+
+use super::payload::{any_value, AnyValue, KeyValue};
+use super::{PublishError, Update};
 use crate::args::{range_error, type_error};
 
 /// Deepest nesting of arrays and kvlists accepted (a top-level value is at

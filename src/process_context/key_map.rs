@@ -4,7 +4,9 @@
 
 use std::borrow::Cow;
 
-use super::{PublishError, MAX_KEYS};
+use otel_thread_ctx_abi::process_context::MAX_KEYS;
+
+use super::PublishError;
 
 /// The published key map.
 #[derive(Clone, Debug, Default)]

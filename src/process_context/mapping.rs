@@ -2,13 +2,12 @@
 //! a memfd where the kernel allows one, else anonymous memory named with
 //! `PR_SET_VMA_ANON_NAME`; excluded from `fork()` children.
 
-use std::ffi::CStr;
 use std::io;
 use std::ptr::NonNull;
 
-use super::header::Header;
+use otel_thread_ctx_abi::process_context::MAPPING_NAME_C as MAPPING_NAME;
 
-const MAPPING_NAME: &CStr = c"OTEL_CTX";
+use super::header::Header;
 
 /// How the mapping was created (what its name in `/proc/<pid>/maps` is).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

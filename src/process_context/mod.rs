@@ -14,7 +14,7 @@
 //!   process: a protobuf `ProcessContext { Resource resource = 1;
 //!   repeated KeyValue attributes = 2; }` (see [`payload`]).
 //! - In `attributes`: `threadlocal.schema_version` (default
-//!   [`DEFAULT_SCHEMA_VERSION`]) and `threadlocal.attribute_key_map`, the
+//!   `tlsdesc_v1_dev`) and `threadlocal.attribute_key_map`, the
 //!   append-only list of record attribute keys (index i = key index i).
 //!
 //! # Concurrency
@@ -46,15 +46,6 @@ mod publisher;
 pub use js::{keys_from_js, throw, update_from_js};
 pub use mapping::Backing;
 use payload::KeyValue;
-
-/// `threadlocal.schema_version` published unless configured otherwise: the
-/// thread context schema of the merged OTEP 4947 text.
-pub const DEFAULT_SCHEMA_VERSION: &str = "tlsdesc_v1_dev";
-/// Most record attribute keys the key map holds (`key_index` is one byte).
-pub const MAX_KEYS: usize = 256;
-/// Largest payload published. Readers copy the whole payload on every
-/// read; this keeps that copy small enough to be practical for them.
-pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
 
 /// What one `publishProcessContext` call changes; `None` keeps the
 /// published value.
@@ -107,7 +98,7 @@ pub fn publish(update: Update) -> Result<(), PublishError> {
 /// order, duplicates once) and returns the index of every key. Indexes never
 /// change once handed out. Republishes (creating the mapping if needed) only
 /// when a key was added. Fails without registering any key when the map
-/// would exceed [`MAX_KEYS`].
+/// would exceed [`MAX_KEYS`](otel_thread_ctx_abi::process_context::MAX_KEYS).
 pub fn register_keys(keys: &[String]) -> Result<Vec<u32>, PublishError> {
     publisher::lock().register_keys(keys)
 }

@@ -10,7 +10,8 @@ use super::header::{boottime_ns, first_publication_steps, update_steps};
 use super::key_map::KeyMap;
 use super::mapping::{Backing, Mapping};
 use super::payload::{self, Contents, KeyValue};
-use super::{Info, PublishError, DEFAULT_SCHEMA_VERSION, MAX_PAYLOAD_BYTES};
+use super::{Info, PublishError};
+use otel_thread_ctx_abi::process_context::{DEFAULT_SCHEMA_VERSION, MAX_PAYLOAD_BYTES};
 
 /// How long a superseded payload stays allocated after the update that
 /// replaced it (see [`Publisher::retire`]).
@@ -223,12 +224,12 @@ impl Publisher {
 mod tests {
     use prost::Message;
 
-    use super::super::header::{
-        HEADER_SIZE, OFFSET_PAYLOAD, OFFSET_PAYLOAD_SIZE, OFFSET_PUBLISHED_AT, OFFSET_SIGNATURE,
-        OFFSET_VERSION,
+    use otel_thread_ctx_abi::process_context::{
+        HEADER_SIZE, KEY_MAP_KEY, MAX_KEYS, OFFSET_PAYLOAD, OFFSET_PAYLOAD_SIZE,
+        OFFSET_PUBLISHED_AT, OFFSET_SIGNATURE, OFFSET_VERSION,
     };
-    use super::super::payload::{any_value, AnyValue, ProcessContext, KEY_MAP_KEY};
-    use super::super::MAX_KEYS;
+
+    use super::super::payload::{any_value, AnyValue, ProcessContext};
     use super::*;
 
     /// Reads the published context the way an outside reader does, from
