@@ -14,8 +14,9 @@
 //!   process: a protobuf `ProcessContext { Resource resource = 1;
 //!   repeated KeyValue attributes = 2; }` (see [`payload`]).
 //! - In `attributes`: `threadlocal.schema_version` (default
-//!   `tlsdesc_v1_dev`) and `threadlocal.attribute_key_map`, the
-//!   append-only list of record attribute keys (index i = key index i).
+//!   [`DEFAULT_SCHEMA_VERSION`](otel_thread_ctx_abi::process_context::DEFAULT_SCHEMA_VERSION))
+//!   and `threadlocal.attribute_key_map`, the append-only list of record
+//!   attribute keys (index i = key index i).
 //!
 //! # Concurrency
 //! Main thread and workers all load this addon into the same process and
