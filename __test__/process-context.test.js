@@ -116,7 +116,7 @@ const SDK_CHILD = `
 `;
 
 test('a NodeSDK-style provider with ProcessContextSpanProcessor publishes its Resource, readable from outside', async () => {
-  const { child, next, exited } = spawnScript(SDK_CHILD);
+  const { next, exited } = spawnScript(SDK_CHILD);
   try {
     const report = await next();
     assert.strictEqual(report.before, null, 'nothing is published before the first span');

@@ -488,7 +488,7 @@ async function main() {
         for (const t of topTraces) console.log(`  trace ${t.traceId} ${traceRoute.get(t.traceId) ?? ''}: ${t.count} samples`);
         for (const f of files) console.log(`  ${path.relative(process.cwd(), f.svgPath ?? f.foldedPath)}${f.error ? ` (not rendered: ${f.error})` : ''}`);
       } else {
-        console.log(`\nflame graphs: ${FLAMEGRAPH} is not built (`npm run build:demo` builds it)`);
+        console.log(`\nflame graphs: ${FLAMEGRAPH} is not built (\`npm run build:demo\` builds it)`);
       }
     }
   } finally {
