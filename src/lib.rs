@@ -4,6 +4,7 @@
 //!
 //! This file holds the napi surface only; each concept has its own module.
 
+mod abi_layout;
 mod anonymous_memory;
 mod args;
 mod idle;
@@ -48,6 +49,13 @@ fn current_slot(env: &Env) -> Result<Slot> {
             Err(Error::from_status(Status::PendingException))
         }
     }
+}
+
+/// The wire layout (record offsets and sizes, limits, process-context
+/// names) from the ABI crate, for the JavaScript writer.
+#[napi]
+pub fn abi_layout() -> abi_layout::AbiLayout {
+    abi_layout::layout()
 }
 
 /// Diagnostics about the calling thread's registration.
