@@ -6,7 +6,8 @@ const path = require('node:path');
 const { spawn } = require('node:child_process');
 const readline = require('node:readline');
 const { context, trace, TraceFlags } = require('@opentelemetry/api');
-const { record, decodeHeader, decodeAttrs } = require('../tools/record');
+const { record } = require('../js/abi');
+const { decodeHeader, decodeAttrs } = require('../tools/record');
 
 const ROOT = path.resolve(__dirname, '..');
 const HEADER_SIZE = record.headerSize;

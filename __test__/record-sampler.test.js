@@ -4,10 +4,9 @@
 // the record's fields. No bpftrace needed: the programs are only generated.
 const test = require('node:test');
 const assert = require('node:assert');
+const abi = require('../js/abi');
 const { samplerProgram, stackProgram, collector, parseStacks } = require('../tools/record-sampler');
-const { record, decodeAttrs } = require('../tools/record');
-
-const abi = { record };
+const { decodeAttrs } = require('../tools/record');
 
 const { offsets } = abi.record;
 const TLS_OFFSET = -64n;

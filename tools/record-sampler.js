@@ -6,7 +6,7 @@
 //   variable = fs_base + tpoff        (static TLS: tpoff < 0, same for every thread)
 //   record   = *(u64 *)variable       (NULL: thread not registered)
 //
-// Every record offset comes from tools/record.js.
+// Every record offset comes from the ABI the addon exports (js/abi.js).
 //
 // samplerProgram() prints one line per event; each S/O line ends with 1
 // when the thread's otel_thread_ctx_v1 read non-NULL (0: not registered, or
@@ -28,7 +28,7 @@
 // as bpftrace's map @s when it stops.
 
 const path = require('node:path');
-const { record } = require('./record');
+const { record } = require('../js/abi');
 
 const { offsets } = record;
 /** 8-byte words of attrs_data the stack program keeps (where the first attributes sit). */

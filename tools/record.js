@@ -1,16 +1,11 @@
 'use strict';
 // Decoding OTEP 4947 record bytes read from outside the writing thread
 // (/proc/PID/mem, a bpftrace map): the header fields and the attrs_data
-// entries {u8 key_index, u8 len, u8 value[len]}.
+// entries {u8 key_index, u8 len, u8 value[len]}. Offsets and sizes come from
+// the ABI the addon exports (js/abi.js).
 
 const os = require('node:os');
-// OTEP 4947 record layout.
-const record = Object.freeze({
-  size: 640,
-  headerSize: 28,
-  valid: 1,
-  offsets: Object.freeze({ traceId: 0, spanId: 16, valid: 24, traceFlags: 25, attrsDataSize: 26, attrsData: 28 }),
-});
+const { record } = require('../js/abi');
 
 const { offsets } = record;
 const TRACE_ID_BYTES = 16;
@@ -50,4 +45,4 @@ function decodeAttrs(bytes, { prefix = false } = {}) {
   return entries;
 }
 
-module.exports = { record, decodeHeader, decodeAttrs };
+module.exports = { decodeHeader, decodeAttrs };
