@@ -7,7 +7,7 @@
 
 const fs = require('node:fs');
 const { spawn, spawnSync } = require('node:child_process');
-const { onLines } = require('./lines');
+const { onLines, interrupt } = require('./subprocess');
 
 const BPFTRACE = process.env.BPFTRACE || 'bpftrace';
 
@@ -81,7 +81,7 @@ function startBpftrace(program, { onLine, env = {} } = {}) {
        * it, at most `graceMs` before SIGKILL.
        */
       async stop(graceMs = 5000) {
-        if (child.exitCode === null && child.signalCode === null) child.kill('SIGINT');
+        interrupt(child);
         const timer = setTimeout(() => child.kill('SIGKILL'), graceMs);
         await exited;
         clearTimeout(timer);

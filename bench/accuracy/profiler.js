@@ -12,6 +12,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const { BINARY } = require('./reader');
+const { interrupt } = require('../../tools/subprocess');
 
 // x86-64 numbers of the system calls the scoring names.
 const SYSCALL_NUMBERS = { read: 0, write: 1, poll: 7, wait4: 61, futex: 202, epoll_wait: 232, epoll_pwait: 281, epoll_pwait2: 441, execve: 59, clone: 56, clone3: 435, clock_nanosleep: 230 };
@@ -79,13 +80,7 @@ function start(pid, { hz = 997, durationS }) {
       }
     });
   });
-  return {
-    child,
-    done,
-    stop() {
-      if (child.exitCode === null && child.signalCode === null) child.kill('SIGINT');
-    },
-  };
+  return { child, done, stop: () => interrupt(child) };
 }
 
 module.exports = { unavailableReason, start, profileArgs, readSamples };

@@ -7,7 +7,7 @@
 
 const fs = require('node:fs');
 const { spawn, spawnSync } = require('node:child_process');
-const { onLines } = require('../../tools/lines');
+const { onLines, interrupt } = require('../../tools/subprocess');
 
 const BINARY = process.env.OTEL_THREAD_CTX_READER || require('../../js/native').readerPath();
 
@@ -82,13 +82,7 @@ function sample(pid, { hz = 997, durationS }) {
       else resolve({ samples, errors, summary: stderr.trim() });
     });
   });
-  return {
-    child,
-    done,
-    stop() {
-      if (child.exitCode === null && child.signalCode === null) child.kill('SIGINT');
-    },
-  };
+  return { child, done, stop: () => interrupt(child) };
 }
 
 module.exports = { BINARY, unavailableReason, tlsOffset, sample };

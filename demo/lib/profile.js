@@ -8,6 +8,7 @@ const { spawn } = require('node:child_process');
 const reader = require('../../bench/accuracy/reader');
 const profiler = require('../../bench/accuracy/profiler');
 const { track } = require('./processes');
+const { interrupt } = require('../../tools/subprocess');
 
 /**
  * Runs `profile` twice on `pid` (flame graphs, and one JSON line per sample)
@@ -27,7 +28,7 @@ function startProfile(pid, { hz, durationS, outDir }) {
   const runs = [run('svg', 'profile.svg'), run('jsonl', 'samples.jsonl')];
   return {
     stop() {
-      for (const r of runs) if (r.child.exitCode === null) r.child.kill('SIGINT');
+      for (const r of runs) interrupt(r.child);
     },
     done: Promise.all(runs.map((r) => r.done)).then((results) => {
       const samples = [];
