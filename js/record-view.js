@@ -156,8 +156,8 @@ function publish(entry) {
   // V8 emits typed-array element stores in program order and never drops or
   // reorders them across one another, so valid = 0 lands before the fields
   // and the tail word (valid = 1) after them. (Atomics.store would add a
-  // locked instruction per store, about 7 ns each, for ordering the
-  // interrupted thread already has.)
+  // locked instruction per store, for ordering the interrupted thread
+  // already has.)
   // valid = 0 (with trace_flags and attrs_data_size: an invalid record's
   // other fields do not matter). NO_SPAN stops here and leaves the held
   // bytes, so the next entry may still be the held one.
