@@ -9,11 +9,11 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const { runAccuracy, formatRun } = require('../bench/accuracy/harness');
-const bpf = require('../bench/accuracy/bpf');
+const bpftrace = require('../tools/bpftrace');
 const reader = require('../bench/accuracy/reader');
 
 const FLOORS = { correct: 0.97, wrong: 0.01, offCpu: 0.95, idle: 0.005 };
-const unavailable = bpf.unavailableReason();
+const unavailable = bpftrace.unavailableReason();
 
 test('spans are attributed correctly by a kernel sampler, on and off CPU', { skip: unavailable ?? false, timeout: 120000 }, async (t) => {
   const samplers = ['bpftrace'];

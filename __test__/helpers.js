@@ -6,9 +6,11 @@ const path = require('node:path');
 const { spawn } = require('node:child_process');
 const readline = require('node:readline');
 const { context, trace, TraceFlags } = require('@opentelemetry/api');
+const { record } = require('../js/abi');
+const { decodeHeader, decodeAttrs } = require('../tools/record');
 
 const ROOT = path.resolve(__dirname, '..');
-const HEADER_SIZE = 28;
+const HEADER_SIZE = record.headerSize;
 
 /** Reads and decodes a record header from `pid`'s memory (/proc/<pid>/mem). */
 function readRecord(pid, address) {
@@ -21,16 +23,6 @@ function readRecord(pid, address) {
   } finally {
     fs.closeSync(fd);
   }
-}
-
-function decodeHeader(buf) {
-  return {
-    traceId: buf.subarray(0, 16).toString('hex'),
-    spanId: buf.subarray(16, 24).toString('hex'),
-    valid: buf[24],
-    traceFlags: buf[25],
-    attrsDataSize: buf.readUInt16LE(26),
-  };
 }
 
 /** The calling thread's own record, read through /proc/self/mem (not through the JS view). */
@@ -112,34 +104,17 @@ function exited(child, ms = 10000) {
   });
 }
 
-module.exports = { ROOT, readRecord, readOwnRecord, decodeHeader, spanContextFor, jsonLines, spawnNode, exited };
-
-/** Parses attrs_data bytes into [{ keyIndex, value (Buffer) }]. */
-function parseAttrsData(bytes) {
-  const entries = [];
-  for (let i = 0; i < bytes.length; ) {
-    if (i + 2 > bytes.length) throw new Error(`truncated attrs_data entry at ${i}`);
-    const keyIndex = bytes[i];
-    const len = bytes[i + 1];
-    if (i + 2 + len > bytes.length) throw new Error(`attrs_data value overruns at ${i}`);
-    entries.push({ keyIndex, value: Buffer.from(bytes.subarray(i + 2, i + 2 + len)) });
-    i += 2 + len;
-  }
-  return entries;
-}
-
 /** Reads a whole record (header + attrs_data) from `pid`'s memory. */
 function readFullRecord(pid, address) {
   const header = readRecord(pid, address);
   const fd = fs.openSync(`/proc/${pid}/mem`, 'r');
   try {
     const attrs = Buffer.alloc(header.attrsDataSize);
-    fs.readSync(fd, attrs, 0, attrs.length, BigInt(address) + BigInt(HEADER_SIZE));
-    return { ...header, attrs: parseAttrsData(attrs) };
+    fs.readSync(fd, attrs, 0, attrs.length, BigInt(address) + BigInt(record.offsets.attrsData));
+    return { ...header, attrs: decodeAttrs(attrs) };
   } finally {
     fs.closeSync(fd);
   }
 }
 
-module.exports.parseAttrsData = parseAttrsData;
-module.exports.readFullRecord = readFullRecord;
+module.exports = { ROOT, readRecord, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited };

@@ -70,15 +70,24 @@ if (isMainThread) {
 }
 `;
 
-/** Starts the child; `next()` resolves with its next JSON line. */
-function startChild(t) {
-  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'otel-inspect-')), 'child.js');
-  fs.writeFileSync(file, CHILD);
-  const child = spawn(process.execPath, [file], { stdio: ['pipe', 'pipe', 'inherit'] });
+/**
+ * Writes `source` to a scratch file `name` and runs it with the Node running
+ * the tests; the child is killed and the file removed when the test ends.
+ */
+function spawnScriptFile(t, name, source, stdin = 'pipe') {
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'otel-inspect-')), name);
+  fs.writeFileSync(file, source);
+  const child = spawn(process.execPath, [file], { stdio: [stdin, 'pipe', 'inherit'] });
   t.after(() => {
     child.kill('SIGKILL');
     fs.rmSync(path.dirname(file), { recursive: true, force: true });
   });
+  return child;
+}
+
+/** Starts the child; `next()` resolves with its next JSON line. */
+function startChild(t) {
+  const child = spawnScriptFile(t, 'child.js', CHILD);
   const { next } = jsonLines(child.stdout, { timeoutMs: 20000 });
   return { child, next };
 }
@@ -214,13 +223,7 @@ function run(args) {
 }
 
 test('sample of a process whose workers come and go, then which exits: exit 0 with the samples read, late stops skipped and counted', async (t) => {
-  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'otel-inspect-')), 'churn.js');
-  fs.writeFileSync(file, CHURN);
-  const child = spawn(process.execPath, [file], { stdio: ['ignore', 'pipe', 'inherit'] });
-  t.after(() => {
-    child.kill('SIGKILL');
-    fs.rmSync(path.dirname(file), { recursive: true, force: true });
-  });
+  const child = spawnScriptFile(t, 'churn.js', CHURN, 'ignore');
   const ready = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error('child never started churning')), 20000);
     let pending = '';
@@ -304,13 +307,7 @@ context.with(trace.setSpanContext(context.active(), sc), () => {
 `;
 
 test('sample of a process that executes a program without thread context: no read of it, and a message', { skip: typeof process.execve !== 'function' && 'this Node has no process.execve' }, async (t) => {
-  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'otel-inspect-')), 'execs.js');
-  fs.writeFileSync(file, EXECS);
-  const child = spawn(process.execPath, [file], { stdio: ['pipe', 'pipe', 'inherit'] });
-  t.after(() => {
-    child.kill('SIGKILL');
-    fs.rmSync(path.dirname(file), { recursive: true, force: true });
-  });
+  const child = spawnScriptFile(t, 'execs.js', EXECS);
   const parked = await jsonLines(child.stdout, { timeoutMs: 20000 }).next('parked');
   const sampler = spawn(READER, ['sample', '--pid', String(child.pid), '--hz', '200', '--duration', '2', '--raw', '--json'], {
     stdio: ['ignore', 'pipe', 'pipe'],

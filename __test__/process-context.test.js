@@ -37,9 +37,21 @@ function spawnNode(args) {
   return { child, next, exited };
 }
 
-/** Runs `script` (a function body) in a child that prints JSON lines. */
+// Defined for every child script: `out(value)` prints one JSON line (bigints
+// as strings); `outcome(f)` is the name of the error `f()` throws, or 'no
+// error'; `exitAtEndOfInput()` keeps the child alive until its stdin ends.
+const SCRIPT_PRELUDE = `
+  const out = (o) => console.log(JSON.stringify(o, (_k, v) => (typeof v === 'bigint' ? v.toString() : v)));
+  const outcome = (f) => { try { f(); return 'no error'; } catch (e) { return e.name; } };
+  const exitAtEndOfInput = () => {
+    process.stdin.resume();
+    process.stdin.on('end', () => process.exit(0));
+  };
+`;
+
+/** Runs `script` (a function body, after SCRIPT_PRELUDE) in a child that prints JSON lines. */
 function spawnScript(script) {
-  return spawnNode(['-e', script]);
+  return spawnNode(['-e', SCRIPT_PRELUDE + script]);
 }
 
 /** CLOCK_BOOTTIME in ns, as far as /proc/uptime tells it (10 ms resolution). */
@@ -109,14 +121,12 @@ const SDK_CHILD = `
   tracer.startSpan('second').end();
   tracer.startSpan('third').end();
   const info = processContextInfo();
-  console.log(JSON.stringify({ pid: process.pid, before, info, resource: span.resource.attributes },
-    (_k, v) => (typeof v === 'bigint' ? v.toString() : v)));
-  process.stdin.resume();
-  process.stdin.on('end', () => process.exit(0));
+  out({ pid: process.pid, before, info, resource: span.resource.attributes });
+  exitAtEndOfInput();
 `;
 
 test('a NodeSDK-style provider with ProcessContextSpanProcessor publishes its Resource, readable from outside', async () => {
-  const { child, next, exited } = spawnScript(SDK_CHILD);
+  const { next, exited } = spawnScript(SDK_CHILD);
   try {
     const report = await next();
     assert.strictEqual(report.before, null, 'nothing is published before the first span');
@@ -164,7 +174,6 @@ test('the span processor waits for async resource attributes and republishes onl
     const { ProcessContextSpanProcessor, processContextInfo } = require('.');
     const errors = [];
     diag.setLogger({ error: (m) => errors.push(m), warn: (m) => errors.push(m), info() {}, debug() {}, verbose() {} }, DiagLogLevel.WARN);
-    const out = (o) => console.log(JSON.stringify(o, (_k, v) => (typeof v === 'bigint' ? v.toString() : v)));
     const processor = new ProcessContextSpanProcessor();
     const asyncResource = resourceFromAttributes({
       'service.name': 'async',
@@ -182,8 +191,7 @@ test('the span processor waits for async resource attributes and republishes onl
         // A changed Resource: republished, and odd values are dropped instead of failing.
         processor.onStart({ resource: { attributes: { 'service.name': 'changed', odd: () => 1, bytes: new Uint8Array(2), keep: 1 } } });
         out({ changed: processContextInfo(), errors });
-        process.stdin.resume();
-        process.stdin.on('end', () => process.exit(0));
+        exitAtEndOfInput();
       });
     }, 200);
   `);
@@ -209,7 +217,6 @@ test('the span processor waits for async resource attributes and republishes onl
 test('publishProcessContext by hand: value rules, options kept across calls, errors change nothing', async () => {
   const { child, next, exited } = spawnScript(`
     const { publishProcessContext, registerAttributeKeys, processContextInfo } = require('.');
-    const out = (o) => console.log(JSON.stringify(o, (_k, v) => (typeof v === 'bigint' ? v.toString() : v)));
     publishProcessContext({
       resource: {
         'service.name': 'manual', int: 42, negative: -7, big: 9007199254740993n, huge: 2n ** 64n,
@@ -237,8 +244,7 @@ test('publishProcessContext by hand: value rules, options kept across calls, err
     process.stdin.once('data', () => {
       publishProcessContext({ resource: { 'service.name': 'second' } });
       out({ info: processContextInfo() });
-      process.stdin.resume();
-      process.stdin.on('end', () => process.exit(0));
+      exitAtEndOfInput();
     });
   `);
   try {
@@ -357,7 +363,6 @@ test('inputs too large for the limits are refused before they are walked, and ch
     const before = processContextInfo();
     const sparse = []; sparse[1e7] = 'x';
     const manyKeys = {}; for (let i = 0; i < 4e5; i++) manyKeys['k' + i] = null;
-    const outcome = (f) => { try { f(); return 'no error'; } catch (e) { return e.name; } };
     const results = {
       keysLength: outcome(() => registerAttributeKeys(new Array(2 ** 32 - 1))),
       keysSparse: outcome(() => registerAttributeKeys(sparse)),
@@ -368,10 +373,8 @@ test('inputs too large for the limits are refused before they are walked, and ch
       manyNestedKeys: outcome(() => publishProcessContext({ resource: { nested: manyKeys } })),
       longString: outcome(() => publishProcessContext({ resource: { s: 'x'.repeat(2 ** 26) } })),
     };
-    console.log(JSON.stringify({ pid: process.pid, results, before, after: processContextInfo() },
-      (_k, v) => (typeof v === 'bigint' ? v.toString() : v)));
-    process.stdin.resume();
-    process.stdin.on('end', () => process.exit(0));
+    out({ pid: process.pid, results, before, after: processContextInfo() });
+    exitAtEndOfInput();
   `);
   try {
     const { pid, results, before, after } = await next();
@@ -398,7 +401,6 @@ test('Map, class instances, dates and sets are a TypeError, a pending Resource a
   const { next, exited } = spawnScript(`
     const { resourceFromAttributes } = require('@opentelemetry/resources');
     const { publishProcessContext, processContextInfo } = require('.');
-    const outcome = (f) => { try { f(); return 'no error'; } catch (e) { return e.name; } };
     publishProcessContext({ resource: resourceFromAttributes({ 'service.name': 'from-resource', n: 3 }) });
     const before = processContextInfo();
     class Settings { constructor() { this.a = 1; } }
@@ -412,10 +414,8 @@ test('Map, class instances, dates and sets are a TypeError, a pending Resource a
       outcome(() => publishProcessContext({ resource: pending })),
       outcome(() => publishProcessContext({ resource: Object.assign(Object.create(null), { plain: 'yes' }) })),
     ];
-    console.log(JSON.stringify({ pid: process.pid, results, before, after: processContextInfo() },
-      (_k, v) => (typeof v === 'bigint' ? v.toString() : v)));
-    process.stdin.resume();
-    process.stdin.on('end', () => process.exit(0));
+    out({ pid: process.pid, results, before, after: processContextInfo() });
+    exitAtEndOfInput();
   `);
   try {
     const { pid, results, before, after } = await next();
@@ -434,9 +434,8 @@ test('an SDK Resource published by hand is read from outside with its service.na
     const { resourceFromAttributes } = require('@opentelemetry/resources');
     const { publishProcessContext } = require('.');
     publishProcessContext({ resource: resourceFromAttributes({ 'service.name': 'from-resource', n: 3 }) });
-    console.log(JSON.stringify({ pid: process.pid }));
-    process.stdin.resume();
-    process.stdin.on('end', () => process.exit(0));
+    out({ pid: process.pid });
+    exitAtEndOfInput();
   `);
   try {
     const { pid } = await next();

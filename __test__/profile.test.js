@@ -13,7 +13,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const protobuf = require('protobufjs');
-const { ROOT, jsonLines, exited } = require('./helpers');
+const { jsonLines, exited } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'profiled-service.js');

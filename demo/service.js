@@ -21,7 +21,7 @@
 const crypto = require('node:crypto');
 const zlib = require('node:zlib');
 const path = require('node:path');
-const { isMainThread, Worker, parentPort, workerData } = require('node:worker_threads');
+const { isMainThread, Worker, parentPort } = require('node:worker_threads');
 const api = require('@opentelemetry/api');
 const { NodeTracerProvider } = require('@opentelemetry/sdk-trace-node');
 const { SimpleSpanProcessor } = require('@opentelemetry/sdk-trace-base');

@@ -86,7 +86,9 @@ try {
   try {
     const manifest = require.resolve('@napi-rs/cli/package.json', { paths: [ROOT] });
     napiCli = path.join(path.dirname(manifest), require(manifest).bin.napi);
-  } catch {}
+  } catch {
+    // @napi-rs/cli is not installed: cargo builds both below.
+  }
   if (napiCli !== null) {
     // napi copies the addon out; cargo arguments after `--` add the reader.
     run(process.execPath, [napiCli, 'build', '--platform', '--no-js', '--release', '--target', host,

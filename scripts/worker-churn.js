@@ -93,7 +93,7 @@ async function main() {
     }
   };
   await Promise.all(Array.from({ length: CONCURRENCY }, lane));
-  for (let i = 0; i < 40 && pkg && pkg.registryStats().awaitingViewRelease > 0; i++) {
+  for (let i = 0; i < 40 && pkg?.registryStats().awaitingViewRelease > 0; i++) {
     globalThis.gc?.();
     await new Promise((r) => setTimeout(r, 25));
   }

@@ -6,7 +6,9 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
-const bpf = require('./bpf');
+const bpftrace = require('../../tools/bpftrace');
+const { samplerProgram, collector } = require('../../tools/record-sampler');
+const { onLines } = require('../../tools/subprocess');
 const reader = require('./reader');
 const profiler = require('./profiler');
 const score = require('./score');
@@ -29,18 +31,10 @@ function startWorkload(node, params) {
   const child = track(spawn(node, [WORKLOAD, JSON.stringify(params)], { stdio: ['pipe', 'pipe', 'inherit'] }));
   const events = [];
   const waiters = [];
-  let pending = '';
   let exit = null;
-  child.stdout.setEncoding('utf8');
-  child.stdout.on('data', (chunk) => {
-    pending += chunk;
-    let i;
-    while ((i = pending.indexOf('\n')) >= 0) {
-      const ev = JSON.parse(pending.slice(0, i));
-      pending = pending.slice(i + 1);
-      events.push(ev);
-      for (const w of waiters.splice(0)) w();
-    }
+  onLines(child.stdout, (line) => {
+    events.push(JSON.parse(line));
+    for (const w of waiters.splice(0)) w();
   });
   child.on('exit', (code, signal) => {
     exit = { code, signal };
@@ -104,7 +98,7 @@ async function runAccuracy(options = {}) {
     let offset = samplers.includes('bpftrace') ? reader.tlsOffset(pid, threads) : null;
     result.offsetSource = 'reader inspect --json';
     if (offset === null && samplers.includes('bpftrace')) {
-      ({ offset } = await bpf.discoverTlsOffset(pid, threads));
+      ({ offset } = await bpftrace.discoverTlsOffset(pid, threads));
       result.offsetSource = 'bpftrace fs_base vs threadInfo().tlsAddress';
     }
     result.offset = offset === null ? null : String(offset);
@@ -112,8 +106,8 @@ async function runAccuracy(options = {}) {
 
     let col = null;
     if (samplers.includes('bpftrace')) {
-      col = bpf.collector();
-      bt = await bpf.startBpftrace(bpf.samplerProgram({ pid, offset, hz, clockTid: mainTid, maxSeconds: Math.ceil((cpuMs + offMs + idleMs) / 1000) + 120 }), { onLine: col.onLine });
+      col = collector();
+      bt = await bpftrace.startBpftrace(samplerProgram({ pid, offset, hz, clockTid: mainTid, maxSeconds: Math.ceil((cpuMs + offMs + idleMs) / 1000) + 120 }), { onLine: col.onLine });
       track(bt.child);
       log(`bpftrace attached (profile:hz:${hz}, sched_switch)`);
     }

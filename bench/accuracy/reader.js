@@ -7,6 +7,7 @@
 
 const fs = require('node:fs');
 const { spawn, spawnSync } = require('node:child_process');
+const { onLines, interrupt } = require('../../tools/subprocess');
 
 const BINARY = process.env.OTEL_THREAD_CTX_READER || require('../../js/native').readerPath();
 
@@ -56,30 +57,22 @@ function sample(pid, { hz = 997, durationS }) {
   });
   const samples = [];
   let errors = 0;
-  let pending = '';
   let stderr = '';
   child.stderr.on('data', (c) => (stderr += c));
-  child.stdout.setEncoding('utf8');
-  child.stdout.on('data', (chunk) => {
-    pending += chunk;
-    let i;
-    while ((i = pending.indexOf('\n')) >= 0) {
-      const line = pending.slice(0, i);
-      pending = pending.slice(i + 1);
-      if (!line.startsWith('{')) continue;
-      const s = JSON.parse(line);
-      if (s.error) {
-        errors++;
-        continue;
-      }
-      samples.push({
-        tid: Number(s.tid),
-        t: BigInt(s.t_ns),
-        valid: Number(s.valid),
-        spanId: s.span_id ?? '',
-        traceId: s.trace_id ?? '',
-      });
+  onLines(child.stdout, (line) => {
+    if (!line.startsWith('{')) return;
+    const s = JSON.parse(line);
+    if (s.error) {
+      errors++;
+      return;
     }
+    samples.push({
+      tid: Number(s.tid),
+      t: BigInt(s.t_ns),
+      valid: Number(s.valid),
+      spanId: s.span_id ?? '',
+      traceId: s.trace_id ?? '',
+    });
   });
   const done = new Promise((resolve, reject) => {
     child.on('error', reject);
@@ -89,13 +82,7 @@ function sample(pid, { hz = 997, durationS }) {
       else resolve({ samples, errors, summary: stderr.trim() });
     });
   });
-  return {
-    child,
-    done,
-    stop() {
-      if (child.exitCode === null && child.signalCode === null) child.kill('SIGINT');
-    },
-  };
+  return { child, done, stop: () => interrupt(child) };
 }
 
 module.exports = { BINARY, unavailableReason, tlsOffset, sample };

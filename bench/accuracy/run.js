@@ -18,7 +18,7 @@ const fs = require('node:fs');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
 const { runAccuracy, formatRun } = require('./harness');
-const bpf = require('./bpf');
+const bpftrace = require('../../tools/bpftrace');
 const reader = require('./reader');
 const profiler = require('./profiler');
 
@@ -61,7 +61,7 @@ function onCpuVerdict(s) {
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
-  const bpfReason = bpf.unavailableReason();
+  const bpfReason = bpftrace.unavailableReason();
   const readerReason = reader.unavailableReason();
   const profileReason = profiler.unavailableReason();
   const samplers = (opts.samplers ?? ['bpftrace', 'profile', 'reader']).filter((s) => {
