@@ -6,11 +6,12 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::elf::AccessModel;
+use crate::error::Fatal;
 use crate::process_context::{self, Lookup};
 use crate::ptrace::Tracer;
 use crate::record::{self, decode_attributes};
 use crate::signals;
-use crate::target::{Fatal, Target};
+use crate::target::Target;
 use crate::thread::{self, Outcome};
 use crate::tls::{self, Plan};
 
@@ -169,9 +170,10 @@ pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
             return Ok(report);
         }
     }
-    Err(Fatal(format!(
-        "process {pid} executed a new program every time it was read ({ATTEMPTS} times)"
-    )))
+    Err(Fatal::ExecutedEveryTime {
+        pid,
+        attempts: ATTEMPTS,
+    })
 }
 
 /// One reading of the process; `None` when it executed a new program
@@ -202,7 +204,7 @@ fn attempt(pid: i32, stop_timeout: Duration) -> Result<Option<Report>, Fatal> {
             ProcessContextInfo::Invalid {
                 mapping,
                 address: hex_addr(address),
-                error,
+                error: error.to_string(),
             }
         }
         Lookup::Found(d) => {
@@ -323,7 +325,7 @@ fn attempt(pid: i32, stop_timeout: Duration) -> Result<Option<Report>, Fatal> {
                 _ => None,
             },
         }),
-        resolution_error: resolution.as_ref().err().cloned(),
+        resolution_error: resolution.as_ref().err().map(ToString::to_string),
         other_definitions: others,
     };
     let resolution = match resolution {
@@ -345,7 +347,7 @@ fn attempt(pid: i32, stop_timeout: Duration) -> Result<Option<Report>, Fatal> {
     let mut threads = Vec::new();
     for tid in thread::list(pid) {
         if let Some(sig) = signals::requested() {
-            return Err(Fatal(format!("interrupted by signal {sig}")));
+            return Err(Fatal::Interrupted(sig));
         }
         let read = thread::read(
             &mut tracer,
@@ -355,7 +357,7 @@ fn attempt(pid: i32, stop_timeout: Duration) -> Result<Option<Report>, Fatal> {
             &tls::HOST,
             true,
         )
-        .map_err(Fatal)?;
+        .map_err(Fatal::Denied)?;
         let tls = read.thread_pointer.map(|tp| ThreadTls {
             path: resolution.path,
             thread_pointer: hex_addr(tp),
@@ -374,7 +376,7 @@ fn attempt(pid: i32, stop_timeout: Duration) -> Result<Option<Report>, Fatal> {
             Outcome::NoRecord(why) => ("no-record", Some(why), None),
             Outcome::Error(e) => {
                 problems.push(format!("thread {tid}: {e}"));
-                ("error", Some(e), None)
+                ("error", Some(e.to_string()), None)
             }
             Outcome::Record(rec) => {
                 let h = rec.header;

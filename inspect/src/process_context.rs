@@ -11,7 +11,7 @@ use prost::Message;
 use serde_json::{Map, Value};
 
 use crate::maps::Mapping;
-use crate::memory::Memory;
+use crate::memory::{Memory, MemoryError};
 
 /// Names the mapping may carry in `/proc/<pid>/maps` (memfd names end in
 /// ` (deleted)`, which [`Mapping::name`] strips).
@@ -79,6 +79,32 @@ pub struct Decoded {
     pub warnings: Vec<String>,
 }
 
+/// Why the header and payload could not be read consistently.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    #[error("header: {0}")]
+    Header(#[source] MemoryError),
+    #[error("signature {:?} is not OTEL_CTX", String::from_utf8_lossy(.0))]
+    Signature([u8; 8]),
+    #[error("unsupported version {0} (supported: {SUPPORTED_VERSION})")]
+    Version(u32),
+    #[error("payload_size {0} is larger than {MAX_PAYLOAD}")]
+    PayloadTooLarge(u32),
+    #[error("payload: {0}")]
+    Payload(#[source] MemoryError),
+    #[error("the context stayed mid-update over {ATTEMPTS} attempts")]
+    NeverSettled,
+}
+
+/// Why a mapping named `OTEL_CTX` holds no usable process context.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum LookupError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("payload is not a ProcessContext protobuf: {0}")]
+    Decode(#[source] prost::DecodeError),
+}
+
 /// Result of looking for the process context.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Lookup {
@@ -88,7 +114,7 @@ pub enum Lookup {
     Invalid {
         mapping: String,
         address: u64,
-        error: String,
+        error: LookupError,
     },
     Found(Box<Decoded>),
 }
@@ -99,9 +125,9 @@ pub fn lookup(maps: &[Mapping], mem: &dyn Memory) -> Lookup {
         .iter()
         .filter(|m| MAPPING_NAMES.contains(&m.name()))
         .collect();
-    let Some(first) = candidates.first() else {
+    if candidates.is_empty() {
         return Lookup::Absent;
-    };
+    }
     let mut last_error = None;
     for m in &candidates {
         match read_consistent(mem, m.start) {
@@ -137,41 +163,33 @@ pub fn lookup(maps: &[Mapping], mem: &dyn Memory) -> Lookup {
                     Err(e) => Lookup::Invalid {
                         mapping: m.name().to_string(),
                         address: m.start,
-                        error: format!("payload is not a ProcessContext protobuf: {e}"),
+                        error: LookupError::Decode(e),
                     },
                 };
             }
-            Err(e) => last_error = Some((m.name().to_string(), m.start, e)),
+            Err(e) => last_error = Some((m, e)),
         }
     }
-    let (mapping, address, error) =
-        last_error.unwrap_or_else(|| (first.name().to_string(), first.start, String::new()));
+    let (m, e) = last_error.expect("every candidate was tried and failed");
     Lookup::Invalid {
-        mapping,
-        address,
-        error,
+        mapping: m.name().to_string(),
+        address: m.start,
+        error: e.into(),
     }
 }
 
 /// The OTEP 4719 reader protocol: returns a header and a payload copy that
 /// belong together, retrying while the writer is mid-update.
-pub fn read_consistent(mem: &dyn Memory, address: u64) -> Result<(Header, Vec<u8>), String> {
+pub fn read_consistent(mem: &dyn Memory, address: u64) -> Result<(Header, Vec<u8>), ReadError> {
     let mut b = [0u8; HEADER_SIZE];
     for _ in 0..ATTEMPTS {
-        mem.read(address, &mut b)
-            .map_err(|e| format!("header: {e}"))?;
+        mem.read(address, &mut b).map_err(ReadError::Header)?;
         let header = Header::parse(&b);
         if &header.signature != SIGNATURE {
-            return Err(format!(
-                "signature {:?} is not OTEL_CTX",
-                String::from_utf8_lossy(&header.signature)
-            ));
+            return Err(ReadError::Signature(header.signature));
         }
         if header.version != SUPPORTED_VERSION {
-            return Err(format!(
-                "unsupported version {} (supported: {SUPPORTED_VERSION})",
-                header.version
-            ));
+            return Err(ReadError::Version(header.version));
         }
         if header.published_at_ns == 0 {
             // The writer is mid-update.
@@ -179,27 +197,20 @@ pub fn read_consistent(mem: &dyn Memory, address: u64) -> Result<(Header, Vec<u8
             continue;
         }
         if header.payload_size > MAX_PAYLOAD {
-            return Err(format!(
-                "payload_size {} is larger than {MAX_PAYLOAD}",
-                header.payload_size
-            ));
+            return Err(ReadError::PayloadTooLarge(header.payload_size));
         }
         let mut payload = vec![0u8; header.payload_size as usize];
         mem.read(header.payload, &mut payload)
-            .map_err(|e| format!("payload: {e}"))?;
+            .map_err(ReadError::Payload)?;
         // ORDER: each read is its own system call, so the payload copy is
         // complete before the timestamp is read again.
-        let again = mem
-            .read_u64(address + 16)
-            .map_err(|e| format!("header: {e}"))?;
+        let again = mem.read_u64(address + 16).map_err(ReadError::Header)?;
         if u64::from_le(again) == header.published_at_ns {
             return Ok((header, payload));
         }
         std::thread::sleep(RETRY_DELAY);
     }
-    Err(format!(
-        "the context stayed mid-update over {ATTEMPTS} attempts"
-    ))
+    Err(ReadError::NeverSettled)
 }
 
 /// Decodes a `ProcessContext` payload.
@@ -444,6 +455,7 @@ mod tests {
         mem.put(0x1000, &header(0, 4, 0x5000));
         assert!(read_consistent(&mem, 0x1000)
             .unwrap_err()
+            .to_string()
             .contains("mid-update"));
     }
 
@@ -462,6 +474,7 @@ mod tests {
         mem.put(0x1000, &h);
         assert!(read_consistent(&mem, 0x1000)
             .unwrap_err()
+            .to_string()
             .contains("version"));
         mem.put(0x1000, &header(1, 3, 0x5000));
         mem.put(0x5000, &[0xff, 0xff, 0xff]);

@@ -1,6 +1,6 @@
 //! The OTEP 4947 Thread-Local Context Record, as a reader sees it.
 
-use crate::memory::Memory;
+use crate::memory::{Memory, MemoryError};
 
 /// Bytes of the fixed header: ids, valid, flags, attrs_data_size.
 pub const HEADER_SIZE: usize = 28;
@@ -81,29 +81,39 @@ pub struct Record {
     pub attrs_data: Vec<u8>,
 }
 
+/// Why a record could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    #[error("record pointer {0:#x} is not 2-byte aligned")]
+    Misaligned(u64),
+    #[error("record header: {0}")]
+    Header(#[source] MemoryError),
+    #[error("attrs_data_size {0} exceeds the {MAX_ATTRS_DATA}-byte limit")]
+    AttrsTooLarge(usize),
+    #[error("attrs_data: {0}")]
+    AttrsData(#[source] MemoryError),
+}
+
 /// Reads the record at `address` the way the specification describes: the
 /// header first, then `attrs_data_size` bytes only if the record is valid
 /// (and only when `with_attrs`). Bounded: never more than 640 bytes.
-pub fn read(mem: &dyn Memory, address: u64, with_attrs: bool) -> Result<Record, String> {
+pub fn read(mem: &dyn Memory, address: u64, with_attrs: bool) -> Result<Record, ReadError> {
     if !address.is_multiple_of(2) {
-        return Err(format!("record pointer {address:#x} is not 2-byte aligned"));
+        return Err(ReadError::Misaligned(address));
     }
     let mut b = [0u8; HEADER_SIZE];
-    mem.read(address, &mut b)
-        .map_err(|e| format!("record header: {e}"))?;
+    mem.read(address, &mut b).map_err(ReadError::Header)?;
     let header = Header::parse(&b);
     let mut attrs_data = Vec::new();
     if header.is_valid() {
         let size = header.attrs_data_size as usize;
         if size > MAX_ATTRS_DATA {
-            return Err(format!(
-                "attrs_data_size {size} exceeds the {MAX_ATTRS_DATA}-byte limit"
-            ));
+            return Err(ReadError::AttrsTooLarge(size));
         }
         if with_attrs && size > 0 {
             attrs_data.resize(size, 0);
             mem.read(address + HEADER_SIZE as u64, &mut attrs_data)
-                .map_err(|e| format!("attrs_data: {e}"))?;
+                .map_err(ReadError::AttrsData)?;
         }
     }
     Ok(Record {
@@ -212,12 +222,21 @@ mod tests {
     fn garbage_is_an_error() {
         let mem = FakeMemory::default();
         mem.put(0x1000, &record_bytes(1, &[], 613));
-        assert!(read(&mem, 0x1000, true).unwrap_err().contains("exceeds"));
-        assert!(read(&mem, 0x1001, true).unwrap_err().contains("aligned"));
+        assert!(read(&mem, 0x1000, true)
+            .unwrap_err()
+            .to_string()
+            .contains("exceeds"));
+        assert!(read(&mem, 0x1001, true)
+            .unwrap_err()
+            .to_string()
+            .contains("aligned"));
         assert!(read(&mem, 0x5000, true).is_err());
         // Valid record whose attrs run into unmapped memory.
         mem.put(0x2000, &record_bytes(1, &[0, 1], 100));
-        assert!(read(&mem, 0x2000, true).unwrap_err().contains("attrs_data"));
+        assert!(read(&mem, 0x2000, true)
+            .unwrap_err()
+            .to_string()
+            .contains("attrs_data"));
     }
 
     #[test]

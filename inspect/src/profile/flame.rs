@@ -131,8 +131,17 @@ pub fn per_trace(p: &Profile, limit: usize) -> Vec<Trace> {
     out
 }
 
+/// The flame graph could not be rendered.
+#[derive(Debug, thiserror::Error)]
+#[error("rendering the flame graph: {0}")]
+pub struct RenderError(#[source] std::io::Error);
+
 /// Renders folded lines as an SVG flame graph.
-pub fn svg(lines: &[String], title: &str, subtitle: Option<String>) -> Result<Vec<u8>, String> {
+pub fn svg(
+    lines: &[String],
+    title: &str,
+    subtitle: Option<String>,
+) -> Result<Vec<u8>, RenderError> {
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = title.to_string();
     opts.subtitle = subtitle;
@@ -145,7 +154,7 @@ pub fn svg(lines: &[String], title: &str, subtitle: Option<String>) -> Result<Ve
     } else {
         inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut out)
     }
-    .map_err(|e| format!("rendering the flame graph: {e}"))?;
+    .map_err(RenderError)?;
     Ok(out)
 }
 
