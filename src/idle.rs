@@ -15,7 +15,9 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::OnceLock;
 
-use crate::record::{self, ThreadContextRecord};
+use otel_thread_ctx_abi::record::ThreadContextRecord;
+
+use crate::record;
 
 /// `UV_PREPARE` in libuv's `uv_handle_type` (stable ABI since libuv 1.0).
 const UV_PREPARE: c_int = 9;

@@ -16,7 +16,7 @@ use napi::bindgen_prelude::{BigInt, Env, Error, Object, Result, Status, Uint8Arr
 use napi::sys;
 use napi_derive::napi;
 
-use record::RECORD_SIZE;
+use otel_thread_ctx_abi::record::{HEADER_SIZE, RECORD_SIZE};
 use registry::Slot;
 
 /// Registers the loading thread (main thread or worker) once, when the addon
@@ -133,8 +133,11 @@ pub fn record_buffer(env: Env) -> Result<sys::napi_value> {
 #[napi]
 pub fn write_record(env: Env, image: Uint8Array) -> Result<()> {
     let slot = current_slot(&env)?;
-    if image.len() < record::HEADER_SIZE || image.len() > RECORD_SIZE {
-        return args::range_error(&env, "a record image is 28 to 640 bytes");
+    if image.len() < HEADER_SIZE || image.len() > RECORD_SIZE {
+        return args::range_error(
+            &env,
+            &format!("a record image is {HEADER_SIZE} to {RECORD_SIZE} bytes"),
+        );
     }
     // SAFETY: the slot's record is live and owned by this thread.
     unsafe { record::write_image(slot.record, &image) };

@@ -1,4 +1,5 @@
-//! The OTEP 4947 Thread-Local Context Record: layout and the writer protocol.
+//! The writer protocol of the OTEP 4947 Thread-Local Context Record (its
+//! layout is `otel_thread_ctx_abi::record`).
 //!
 //! One record per registered thread, written only by that thread. Readers
 //! (eBPF programs, ptrace-based tools) read it only while the thread is
@@ -10,53 +11,12 @@
 //! is the same protocol in Rust, kept as the executable reference the unit
 //! tests check the layout against.
 
-use std::mem::{align_of, offset_of, size_of};
 use std::ptr::{addr_of_mut, write_volatile};
 use std::sync::atomic::{compiler_fence, Ordering};
 
-/// Bytes of the fixed header readers fetch first.
-pub const HEADER_SIZE: usize = 28;
-/// Upper bound the specification recommends for a whole record.
-pub const RECORD_SIZE: usize = 640;
-/// Room left for `attrs_data` entries.
-pub const ATTRS_CAPACITY: usize = RECORD_SIZE - HEADER_SIZE;
-
-/// Byte offsets shared with the JavaScript writer and the reader CLI.
-pub const OFFSET_TRACE_ID: usize = 0;
-pub const OFFSET_SPAN_ID: usize = 16;
-pub const OFFSET_VALID: usize = 24;
-pub const OFFSET_TRACE_FLAGS: usize = 25;
-pub const OFFSET_ATTRS_DATA_SIZE: usize = 26;
-pub const OFFSET_ATTRS_DATA: usize = 28;
-
-/// The record as readers see it. Host endianness, no padding inside the
-/// header; aligned to a cache line so the header never straddles two.
-#[repr(C, align(64))]
-pub struct ThreadContextRecord {
-    /// W3C trace-id bytes in the order of the hex string. All zero = none.
-    pub trace_id: [u8; 16],
-    /// W3C span-id bytes in the order of the hex string.
-    pub span_id: [u8; 8],
-    /// 1 = complete and current; anything else = ignore the record.
-    pub valid: u8,
-    /// W3C trace-flags byte (0x01 sampled); 0 when no ids are set.
-    pub trace_flags: u8,
-    /// Number of `attrs_data` bytes in use.
-    pub attrs_data_size: u16,
-    /// Packed `{u8 key_index, u8 len, u8 value[len]}` entries.
-    pub attrs_data: [u8; ATTRS_CAPACITY],
-}
-
-const _: () = {
-    assert!(offset_of!(ThreadContextRecord, trace_id) == OFFSET_TRACE_ID);
-    assert!(offset_of!(ThreadContextRecord, span_id) == OFFSET_SPAN_ID);
-    assert!(offset_of!(ThreadContextRecord, valid) == OFFSET_VALID);
-    assert!(offset_of!(ThreadContextRecord, trace_flags) == OFFSET_TRACE_FLAGS);
-    assert!(offset_of!(ThreadContextRecord, attrs_data_size) == OFFSET_ATTRS_DATA_SIZE);
-    assert!(offset_of!(ThreadContextRecord, attrs_data) == OFFSET_ATTRS_DATA);
-    assert!(size_of::<ThreadContextRecord>() == RECORD_SIZE);
-    assert!(align_of::<ThreadContextRecord>() == 64);
-};
+#[cfg(test)]
+use otel_thread_ctx_abi::record::VALID;
+use otel_thread_ctx_abi::record::{ThreadContextRecord, HEADER_SIZE, OFFSET_VALID, RECORD_SIZE};
 
 /// A span context as the record stores it.
 #[cfg(test)]
@@ -107,7 +67,7 @@ pub unsafe fn publish(record: *mut ThreadContextRecord, ids: &SpanIds) {
         write_volatile(addr_of_mut!((*record).attrs_data_size), 0);
         // ORDER: every field is in memory before valid = 1 makes it readable.
         compiler_fence(Ordering::SeqCst);
-        write_volatile(addr_of_mut!((*record).valid), 1);
+        write_volatile(addr_of_mut!((*record).valid), VALID);
     }
 }
 
@@ -167,6 +127,9 @@ pub unsafe fn reset(record: *mut ThreadContextRecord) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use otel_thread_ctx_abi::record::{
+        OFFSET_ATTRS_DATA, OFFSET_ATTRS_DATA_SIZE, OFFSET_SPAN_ID, OFFSET_TRACE_FLAGS,
+    };
 
     fn blank() -> Box<ThreadContextRecord> {
         // SAFETY: an all-zero record is a valid value of the type.
@@ -195,9 +158,9 @@ mod tests {
     fn write_image_copies_header_and_attributes() {
         let mut rec = blank();
         let mut image = vec![0u8; HEADER_SIZE + 3];
-        image[..16].copy_from_slice(&[0xab; 16]);
-        image[16..24].copy_from_slice(&[0xcd; 8]);
-        image[OFFSET_VALID] = 1;
+        image[..OFFSET_SPAN_ID].copy_from_slice(&[0xab; 16]);
+        image[OFFSET_SPAN_ID..OFFSET_VALID].copy_from_slice(&[0xcd; 8]);
+        image[OFFSET_VALID] = VALID;
         image[OFFSET_TRACE_FLAGS] = 1;
         image[OFFSET_ATTRS_DATA_SIZE..OFFSET_ATTRS_DATA].copy_from_slice(&3u16.to_ne_bytes());
         image[OFFSET_ATTRS_DATA..].copy_from_slice(&[0, 1, b'x']);
@@ -238,8 +201,8 @@ mod tests {
         };
         // SAFETY: the record is RECORD_SIZE plain bytes with no padding.
         let bytes: &[u8; RECORD_SIZE] = unsafe { &*(&*rec as *const ThreadContextRecord).cast() };
-        assert!(bytes[..24].iter().all(|&b| b == 0xff));
-        assert_eq!(bytes[OFFSET_VALID], 1);
+        assert!(bytes[..OFFSET_VALID].iter().all(|&b| b == 0xff));
+        assert_eq!(bytes[OFFSET_VALID], VALID);
         assert_eq!(bytes[OFFSET_TRACE_FLAGS], 3);
         assert_eq!(&bytes[OFFSET_ATTRS_DATA_SIZE..OFFSET_ATTRS_DATA], &[0, 0]);
     }

@@ -17,8 +17,9 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::record::{self, ThreadContextRecord, RECORD_SIZE};
-use crate::tls;
+use otel_thread_ctx_abi::record::{ThreadContextRecord, RECORD_SIZE};
+
+use crate::{record, tls};
 
 /// Slots per mapping; a chunk is 160 KiB of address space, touched lazily.
 pub const SLOTS_PER_CHUNK: usize = 256;

@@ -1,7 +1,7 @@
 //! The `otel_thread_ctx_v1` TLS variable readers discover (defined in
 //! `src/tls_shim.c`, exported through `src/exports.map`).
 
-use crate::record::ThreadContextRecord;
+use otel_thread_ctx_abi::record::ThreadContextRecord;
 
 extern "C" {
     fn otel_thread_ctx_tls_store(record: *mut ThreadContextRecord);
@@ -45,5 +45,16 @@ mod tests {
         assert_ne!(other_address, variable_address());
         point_at(std::ptr::null_mut());
         assert!(current().is_null());
+    }
+
+    #[test]
+    fn the_shim_and_the_version_script_name_the_abi_symbol() {
+        use otel_thread_ctx_abi::record::TLS_SYMBOL;
+        // The symbol is spelled in C and in the linker script, which cannot
+        // import the constant: this keeps them equal to it.
+        let definition = format!("__thread void *{TLS_SYMBOL} = NULL;");
+        assert!(include_str!("tls_shim.c").contains(&definition));
+        let export = format!("global: {TLS_SYMBOL};");
+        assert!(include_str!("exports.map").contains(&export));
     }
 }

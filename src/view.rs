@@ -7,8 +7,8 @@ use std::ffi::c_void;
 use napi::bindgen_prelude::{Env, Error, Result, Status};
 use napi::sys;
 
-use crate::record::RECORD_SIZE;
 use crate::registry::{self, Holder, Slot};
+use otel_thread_ctx_abi::record::RECORD_SIZE;
 
 /// Set (to anything) to make `get_or_create` fail as it does where the
 /// runtime forbids external buffers, so the fallback writer can be tested.

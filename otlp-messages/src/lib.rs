@@ -93,12 +93,9 @@ pub struct ProcessContext {
     pub attributes: Vec<KeyValue>,
 }
 
-/// Key of the thread-context schema announcement in `ProcessContext.attributes`.
-pub const SCHEMA_VERSION_KEY: &str = "threadlocal.schema_version";
-/// Key of the record key map in `ProcessContext.attributes`.
-pub const KEY_MAP_KEY: &str = "threadlocal.attribute_key_map";
-/// Prefix reserved for the keys above: callers may not set such attributes.
-pub const RESERVED_PREFIX: &str = "threadlocal.";
+/// The thread-context keys of `ProcessContext.attributes`, declared in the
+/// ABI crate (`otel_thread_ctx_abi::process_context`).
+pub use otel_thread_ctx_abi::process_context::{KEY_MAP_KEY, RESERVED_PREFIX, SCHEMA_VERSION_KEY};
 
 impl AnyValue {
     /// A string value.
