@@ -10,7 +10,7 @@ use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, Rela, SectionHeade
 use object::{Endianness, SectionIndex};
 
 /// The discovery symbol (OTEP 4947).
-pub const SYMBOL: &str = "otel_thread_ctx_v1";
+pub use otel_thread_ctx_abi::record::TLS_SYMBOL as SYMBOL;
 
 /// A read-only private mapping of a whole file. Only the pages the ELF parser
 /// touches are read from disk, which matters for 100 MB executables.

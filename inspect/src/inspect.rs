@@ -9,7 +9,7 @@ use crate::elf::AccessModel;
 use crate::error::Fatal;
 use crate::process_context::{self, Lookup};
 use crate::ptrace::Tracer;
-use crate::record::{self, decode_attributes};
+use crate::record::decode_attributes;
 use crate::signals;
 use crate::target::Target;
 use crate::thread::{self, Outcome};
@@ -221,8 +221,10 @@ fn attempt(pid: i32, stop_timeout: Duration) -> Result<Option<Report>, Fatal> {
                 version: d.header.version,
                 published_at_ns: d.header.published_at_ns,
                 payload_size: d.header.payload_size,
-                resource: d.resource,
-                attributes: d.attributes,
+                resource: process_context::json::object(
+                    d.resource.as_ref().map_or(&[], |r| r.attributes.as_slice()),
+                ),
+                attributes: process_context::json::object(&d.attributes),
                 schema_version: d.schema_version,
                 attribute_key_map: d.attribute_key_map,
                 warnings: d.warnings,
@@ -414,9 +416,9 @@ fn attempt(pid: i32, stop_timeout: Duration) -> Result<Option<Report>, Fatal> {
                 let info = RecordInfo {
                     address: hex_addr(rec.address),
                     valid: h.valid,
-                    trace_id: valid.then(|| record::hex(&h.trace_id)),
-                    span_id: valid.then(|| record::hex(&h.span_id)),
-                    trace_flags: valid.then_some(h.trace_flags),
+                    trace_id: valid.then(|| h.trace_id.to_string()),
+                    span_id: valid.then(|| h.span_id.to_string()),
+                    trace_flags: valid.then_some(h.trace_flags.to_u8()),
                     attrs_data_size: h.attrs_data_size,
                     attributes,
                 };

@@ -5,11 +5,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use opentelemetry::trace::{SpanId, TraceId};
 use serde::Serialize;
 
 use crate::error::Fatal;
 use crate::ptrace::Tracer;
-use crate::record;
 use crate::signals;
 use crate::target::Target;
 use crate::thread::{self, Outcome};
@@ -141,7 +141,7 @@ struct Tally {
     zero_ids: u64,
     errors: u64,
     late_stops: u64,
-    spans: HashMap<([u8; 16], [u8; 8]), u64>,
+    spans: HashMap<(TraceId, SpanId), u64>,
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -377,9 +377,9 @@ pub fn run(
                         .entry((r.header.trace_id, r.header.span_id))
                         .or_default() += 1;
                     line.valid = true;
-                    line.trace_id = Some(record::hex(&r.header.trace_id));
-                    line.span_id = Some(record::hex(&r.header.span_id));
-                    line.trace_flags = Some(r.header.trace_flags);
+                    line.trace_id = Some(r.header.trace_id.to_string());
+                    line.span_id = Some(r.header.span_id.to_string());
+                    line.trace_flags = Some(r.header.trace_flags.to_u8());
                 }
                 Outcome::Record(r) if r.header.is_valid() => {
                     // Marked valid, but an all-zero id names no span.
@@ -425,8 +425,8 @@ pub fn run(
                 .spans
                 .into_iter()
                 .map(|((trace, span), n)| SpanShare {
-                    trace_id: record::hex(&trace),
-                    span_id: record::hex(&span),
+                    trace_id: trace.to_string(),
+                    span_id: span.to_string(),
                     samples: n,
                     share: n as f64 / t.samples as f64,
                 })

@@ -105,7 +105,7 @@ pub fn per_trace(p: &Profile, limit: usize) -> Vec<Trace> {
     let mut out: Vec<Trace> = traces
         .into_iter()
         .map(|(id, (lines, routes))| {
-            let trace_id = crate::record::hex(&id);
+            let trace_id = opentelemetry::trace::TraceId::from_bytes(id).to_string();
             let mut title = format!("trace {trace_id}");
             if !routes.is_empty() {
                 title.push_str(&format!(" ({})", routes.join(", ")));

@@ -4,7 +4,7 @@ use serde_json::{json, Map, Value};
 
 use super::kernel::{Kind, RecordRead, Sample};
 use super::symbolize::Names;
-use crate::record::{self, hex};
+use crate::record;
 
 /// The system call a kernel stack is in, from its `__x64_sys_<name>` frame.
 fn syscall(s: &Sample, names: &Names) -> Option<String> {
@@ -48,9 +48,9 @@ pub fn line(s: &Sample, key_map: &[String], names: &Names) -> String {
     let valid = s.record.valid();
     o.insert("valid".into(), json!(valid.is_some()));
     if let Some((h, attrs_data)) = valid {
-        o.insert("trace_id".into(), json!(hex(&h.trace_id)));
-        o.insert("span_id".into(), json!(hex(&h.span_id)));
-        o.insert("trace_flags".into(), json!(h.trace_flags));
+        o.insert("trace_id".into(), json!(h.trace_id.to_string()));
+        o.insert("span_id".into(), json!(h.span_id.to_string()));
+        o.insert("trace_flags".into(), json!(h.trace_flags.to_u8()));
         let attrs: Map<String, Value> = record::decode_attributes(attrs_data)
             .entries
             .into_iter()

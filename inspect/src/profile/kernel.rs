@@ -2,12 +2,11 @@
 //! `bpf/profile.bpf.c` by build.rs when clang was there), attaches it, and
 //! decodes the samples it sends through its ring buffer.
 
-use crate::record::{self, Header, HEADER_SIZE};
+use crate::record::{self, Header, HEADER_SIZE, RECORD_SIZE};
 use crate::tls::Plan;
 
 /// Frames per stack the program copies (its `MAX_FRAMES`).
 pub const MAX_FRAMES: usize = 127;
-const RECORD_SIZE: usize = 640;
 
 /// Offsets of `struct sample` in profile.bpf.c.
 mod layout {
@@ -423,7 +422,7 @@ mod tests {
         assert_eq!(s.user_stack, vec![0x10, 0x20]);
         assert_eq!(s.kernel_stack, vec![0xffff_0001]);
         let (h, a) = s.record.valid().unwrap();
-        assert_eq!(crate::record::hex(&h.span_id), "1112131415161718");
+        assert_eq!(h.span_id.to_string(), "1112131415161718");
         assert_eq!(a, attrs);
     }
 

@@ -110,17 +110,10 @@ fn process_context(
     maps: &[crate::maps::Mapping],
     memory: &dyn crate::memory::Memory,
 ) -> (Option<Resource>, Vec<String>) {
-    let key_map = match process_context::lookup(maps, memory) {
-        Lookup::Found(d) => d.attribute_key_map.clone().unwrap_or_default(),
-        _ => Vec::new(),
-    };
-    let resource = maps
-        .iter()
-        .filter(|m| process_context::MAPPING_NAMES.contains(&m.name()))
-        .find_map(|m| process_context::read_consistent(memory, m.start).ok())
-        .and_then(|(_, payload)| process_context::decode(&payload).ok())
-        .and_then(|ctx| ctx.resource);
-    (resource, key_map)
+    match process_context::lookup(maps, memory) {
+        Lookup::Found(d) => (d.resource, d.attribute_key_map.unwrap_or_default()),
+        _ => (None, Vec::new()),
+    }
 }
 
 /// Re-reads the process context of a live process; `None` when it is gone

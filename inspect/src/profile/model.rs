@@ -5,9 +5,12 @@ use std::collections::HashMap;
 
 use super::kernel::{Kind, Sample};
 use super::symbolize::{Frame, Names};
-use crate::record::{self, hex};
+use opentelemetry::trace::{SpanId, TraceId};
 
-/// The span a sample's record named.
+use crate::record;
+
+/// The span a sample's record named, as the W3C bytes of its ids (byte
+/// order is what orders the profile's output).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Span {
     pub trace_id: [u8; 16],
@@ -16,10 +19,10 @@ pub struct Span {
 
 impl Span {
     pub fn trace_hex(&self) -> String {
-        hex(&self.trace_id)
+        TraceId::from_bytes(self.trace_id).to_string()
     }
     pub fn span_hex(&self) -> String {
-        hex(&self.span_id)
+        SpanId::from_bytes(self.span_id).to_string()
     }
 }
 
@@ -161,8 +164,8 @@ pub fn build(
                     .collect();
                 (
                     Some(Span {
-                        trace_id: h.trace_id,
-                        span_id: h.span_id,
+                        trace_id: h.trace_id.to_bytes(),
+                        span_id: h.span_id.to_bytes(),
                     }),
                     attrs,
                 )
@@ -238,10 +241,10 @@ pub mod tests {
     pub fn record(span: u8, attrs: &[u8]) -> RecordRead {
         RecordRead::Record {
             header: Header {
-                trace_id: [span; 16],
-                span_id: [span; 8],
+                trace_id: TraceId::from_bytes([span; 16]),
+                span_id: SpanId::from_bytes([span; 8]),
                 valid: 1,
-                trace_flags: 1,
+                trace_flags: opentelemetry::trace::TraceFlags::SAMPLED,
                 attrs_data_size: attrs.len() as u16,
             },
             attrs_data: attrs.to_vec(),

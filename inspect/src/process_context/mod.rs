@@ -4,34 +4,30 @@
 //! Unlike thread context, the writer may update this while we read, so the
 //! reader protocol is followed: a non-zero timestamp, the payload copy, then
 //! the same timestamp again, else retry.
+//!
+//! This module is the reader protocol (find the mapping, read the header,
+//! retry until it settles, decode the payload); [`json`] presents the
+//! decoded attributes.
+
+pub mod json;
 
 use std::time::Duration;
 
+use otel_thread_ctx_abi::process_context::HEADER_SIZE;
+use otel_thread_ctx_abi::process_context::{
+    KEY_MAP_KEY, KNOWN_SCHEMAS, MAPPING_PATHS, MAX_KEYS, MAX_PAYLOAD_BYTES, OFFSET_PAYLOAD,
+    OFFSET_PAYLOAD_SIZE, OFFSET_PUBLISHED_AT, OFFSET_SIGNATURE, OFFSET_VERSION, RESERVED_PREFIX,
+    SCHEMA_VERSION_KEY, SIGNATURE, VERSION,
+};
 use prost::Message;
-use serde_json::{Map, Value};
 
 use crate::maps::Mapping;
 use crate::memory::{Memory, MemoryError};
 
-/// Names the mapping may carry in `/proc/<pid>/maps` (memfd names end in
-/// ` (deleted)`, which [`Mapping::name`] strips).
-pub const MAPPING_NAMES: [&str; 3] = [
-    "/memfd:OTEL_CTX",
-    "[anon:OTEL_CTX]",
-    "[anon_shmem:OTEL_CTX]",
-];
-pub const SIGNATURE: &[u8; 8] = b"OTEL_CTX";
-pub const SUPPORTED_VERSION: u32 = 2;
-pub const HEADER_SIZE: usize = 32;
-/// Payloads larger than this are treated as garbage.
-pub const MAX_PAYLOAD: u32 = 1 << 20;
 const ATTEMPTS: u32 = 50;
 const RETRY_DELAY: Duration = Duration::from_micros(500);
 
-/// Known `threadlocal.schema_version` values for the TLS record format.
-pub const KNOWN_SCHEMAS: [&str; 2] = ["tlsdesc_v1_dev", "tls_v1"];
-
-pub use otel_thread_ctx_otlp::{any_value, AnyValue, KeyValue, ProcessContext};
+pub use otel_thread_ctx_otlp::{any_value, AnyValue, KeyValue, ProcessContext, Resource};
 
 /// The 32-byte header at the start of the mapping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,11 +47,13 @@ impl Header {
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
         Header {
-            signature: b[0..8].try_into().unwrap(),
-            version: u32_at(8),
-            payload_size: u32_at(12),
-            published_at_ns: u64_at(16),
-            payload: u64_at(24),
+            signature: b[OFFSET_SIGNATURE..OFFSET_SIGNATURE + 8]
+                .try_into()
+                .unwrap(),
+            version: u32_at(OFFSET_VERSION),
+            payload_size: u32_at(OFFSET_PAYLOAD_SIZE),
+            published_at_ns: u64_at(OFFSET_PUBLISHED_AT),
+            payload: u64_at(OFFSET_PAYLOAD),
         }
     }
 }
@@ -66,11 +64,10 @@ pub struct Decoded {
     pub mapping: String,
     pub address: u64,
     pub header: Header,
-    /// Resource attributes, as JSON values (key order of the payload, last
-    /// duplicate wins).
-    pub resource: Map<String, Value>,
-    /// `ProcessContext.attributes`, as JSON values.
-    pub attributes: Map<String, Value>,
+    /// The resource, as published.
+    pub resource: Option<Resource>,
+    /// `ProcessContext.attributes`, as published.
+    pub attributes: Vec<KeyValue>,
     /// `threadlocal.schema_version`, if published as a string.
     pub schema_version: Option<String>,
     /// `threadlocal.attribute_key_map`, if published as an array of strings.
@@ -86,9 +83,9 @@ pub enum ReadError {
     Header(#[source] MemoryError),
     #[error("signature {:?} is not OTEL_CTX", String::from_utf8_lossy(.0))]
     Signature([u8; 8]),
-    #[error("unsupported version {0} (supported: {SUPPORTED_VERSION})")]
+    #[error("unsupported version {0} (supported: {VERSION})")]
     Version(u32),
-    #[error("payload_size {0} is larger than {MAX_PAYLOAD}")]
+    #[error("payload_size {0} is larger than {MAX_PAYLOAD_BYTES}")]
     PayloadTooLarge(u32),
     #[error("payload: {0}")]
     Payload(#[source] MemoryError),
@@ -123,7 +120,7 @@ pub enum Lookup {
 pub fn lookup(maps: &[Mapping], mem: &dyn Memory) -> Lookup {
     let candidates: Vec<&Mapping> = maps
         .iter()
-        .filter(|m| MAPPING_NAMES.contains(&m.name()))
+        .filter(|m| MAPPING_PATHS.contains(&m.name()))
         .collect();
     if candidates.is_empty() {
         return Lookup::Absent;
@@ -185,10 +182,10 @@ pub fn read_consistent(mem: &dyn Memory, address: u64) -> Result<(Header, Vec<u8
     for _ in 0..ATTEMPTS {
         mem.read(address, &mut b).map_err(ReadError::Header)?;
         let header = Header::parse(&b);
-        if &header.signature != SIGNATURE {
+        if header.signature != SIGNATURE {
             return Err(ReadError::Signature(header.signature));
         }
-        if header.version != SUPPORTED_VERSION {
+        if header.version != VERSION {
             return Err(ReadError::Version(header.version));
         }
         if header.published_at_ns == 0 {
@@ -196,7 +193,7 @@ pub fn read_consistent(mem: &dyn Memory, address: u64) -> Result<(Header, Vec<u8
             std::thread::sleep(RETRY_DELAY);
             continue;
         }
-        if header.payload_size > MAX_PAYLOAD {
+        if header.payload_size as usize > MAX_PAYLOAD_BYTES {
             return Err(ReadError::PayloadTooLarge(header.payload_size));
         }
         let mut payload = vec![0u8; header.payload_size as usize];
@@ -204,7 +201,9 @@ pub fn read_consistent(mem: &dyn Memory, address: u64) -> Result<(Header, Vec<u8
             .map_err(ReadError::Payload)?;
         // ORDER: each read is its own system call, so the payload copy is
         // complete before the timestamp is read again.
-        let again = mem.read_u64(address + 16).map_err(ReadError::Header)?;
+        let again = mem
+            .read_u64(address + OFFSET_PUBLISHED_AT as u64)
+            .map_err(ReadError::Header)?;
         if u64::from_le(again) == header.published_at_ns {
             return Ok((header, payload));
         }
@@ -225,16 +224,6 @@ fn interpret(
     ctx: &ProcessContext,
     mut warnings: Vec<String>,
 ) -> Decoded {
-    let to_map = |kvs: &[KeyValue]| {
-        let mut m = Map::new();
-        for kv in kvs {
-            m.insert(
-                kv.key.clone(),
-                kv.value.as_ref().map_or(Value::Null, any_to_json),
-            );
-        }
-        m
-    };
     let resource_kvs = ctx
         .resource
         .as_ref()
@@ -242,7 +231,7 @@ fn interpret(
         .unwrap_or(&[]);
     if resource_kvs
         .iter()
-        .any(|kv| kv.key.starts_with("threadlocal."))
+        .any(|kv| kv.key.starts_with(RESERVED_PREFIX))
     {
         warnings.push(
             "threadlocal.* keys found in the resource; they belong in ProcessContext.attributes"
@@ -257,7 +246,7 @@ fn interpret(
             .and_then(|kv| kv.value.as_ref())
     };
     use any_value::Value as V;
-    let schema_version = match find("threadlocal.schema_version").and_then(|v| v.value.as_ref()) {
+    let schema_version = match find(SCHEMA_VERSION_KEY).and_then(|v| v.value.as_ref()) {
         Some(V::StringValue(s)) => {
             if !KNOWN_SCHEMAS.contains(&s.as_str()) {
                 warnings.push(format!(
@@ -272,70 +261,41 @@ fn interpret(
         }
         None => None,
     };
-    let attribute_key_map =
-        match find("threadlocal.attribute_key_map").and_then(|v| v.value.as_ref()) {
-            Some(V::ArrayValue(a)) => {
-                let keys: Option<Vec<String>> = a
-                    .values
-                    .iter()
-                    .map(|v| match &v.value {
-                        Some(V::StringValue(s)) => Some(s.clone()),
-                        _ => None,
-                    })
-                    .collect();
-                if keys.is_none() {
-                    warnings.push("threadlocal.attribute_key_map holds non-string values".into());
-                } else if a.values.len() > 256 {
-                    warnings.push(format!(
-                        "threadlocal.attribute_key_map has {} keys (at most 256 are addressable)",
+    let attribute_key_map = match find(KEY_MAP_KEY).and_then(|v| v.value.as_ref()) {
+        Some(V::ArrayValue(a)) => {
+            let keys: Option<Vec<String>> = a
+                .values
+                .iter()
+                .map(|v| match &v.value {
+                    Some(V::StringValue(s)) => Some(s.clone()),
+                    _ => None,
+                })
+                .collect();
+            if keys.is_none() {
+                warnings.push("threadlocal.attribute_key_map holds non-string values".into());
+            } else if a.values.len() > MAX_KEYS {
+                warnings.push(format!(
+                        "threadlocal.attribute_key_map has {} keys (at most {MAX_KEYS} are addressable)",
                         a.values.len()
                     ));
-                }
-                keys
             }
-            Some(_) => {
-                warnings.push("threadlocal.attribute_key_map is not an array".into());
-                None
-            }
-            None => None,
-        };
+            keys
+        }
+        Some(_) => {
+            warnings.push("threadlocal.attribute_key_map is not an array".into());
+            None
+        }
+        None => None,
+    };
     Decoded {
         mapping,
         address,
         header,
-        resource: to_map(resource_kvs),
-        attributes: to_map(&ctx.attributes),
+        resource: ctx.resource.clone(),
+        attributes: ctx.attributes.clone(),
         schema_version,
         attribute_key_map,
         warnings,
-    }
-}
-
-/// Converts an OTLP `AnyValue` to JSON: strings, booleans and numbers as
-/// such, arrays as arrays, kvlists as objects, bytes as lowercase hex.
-pub fn any_to_json(v: &AnyValue) -> Value {
-    use any_value::Value as V;
-    match &v.value {
-        None => Value::Null,
-        Some(V::StringValue(s)) => Value::String(s.clone()),
-        Some(V::BoolValue(b)) => Value::Bool(*b),
-        Some(V::IntValue(i)) => Value::from(*i),
-        Some(V::DoubleValue(d)) => {
-            serde_json::Number::from_f64(*d).map_or(Value::Null, Value::Number)
-        }
-        Some(V::ArrayValue(a)) => Value::Array(a.values.iter().map(any_to_json).collect()),
-        Some(V::KvlistValue(l)) => Value::Object(
-            l.values
-                .iter()
-                .map(|kv| {
-                    (
-                        kv.key.clone(),
-                        kv.value.as_ref().map_or(Value::Null, any_to_json),
-                    )
-                })
-                .collect(),
-        ),
-        Some(V::BytesValue(b)) => Value::String(crate::record::hex(b)),
     }
 }
 
@@ -389,6 +349,7 @@ mod tests {
 
     fn header(ts: u64, size: usize, at: u64) -> Vec<u8> {
         let mut h = SIGNATURE.to_vec();
+        assert_eq!(h.len(), OFFSET_VERSION);
         h.extend_from_slice(&2u32.to_le_bytes());
         h.extend_from_slice(&(size as u32).to_le_bytes());
         h.extend_from_slice(&ts.to_le_bytes());
@@ -417,8 +378,9 @@ mod tests {
             panic!()
         };
         assert_eq!(d.header.published_at_ns, 123);
-        assert_eq!(d.resource["service.name"], "svc");
-        assert_eq!(d.resource["pid"], 42);
+        let resource = json::object(&d.resource.as_ref().unwrap().attributes);
+        assert_eq!(resource["service.name"], "svc");
+        assert_eq!(resource["pid"], 42);
         assert_eq!(d.schema_version.as_deref(), Some("tlsdesc_v1_dev"));
         assert_eq!(
             d.attribute_key_map,
