@@ -334,12 +334,12 @@ pub fn locate(plan: &Plan, tp: u64, mem: &dyn Memory, abi: &Abi) -> Result<Locat
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::elf::{LoadSegment, TlsDefinition, TlsSegment};
     use crate::memory::fake::FakeMemory;
 
-    fn module(model: AccessModel) -> DefiningModule {
+    pub(crate) fn module(model: AccessModel) -> DefiningModule {
         DefiningModule {
             path: "/lib/x.so".into(),
             is_executable: false,

@@ -26,6 +26,23 @@ impl Span {
     }
 }
 
+/// The attributes of `attrs_data` as (key, value) pairs: the key map's name
+/// for each key index (`attr.<index>` when it has none), values as UTF-8
+/// (invalid bytes replaced).
+pub fn named_attributes(attrs_data: &[u8], key_map: &[String]) -> Vec<(String, String)> {
+    record::decode_attributes(attrs_data)
+        .entries
+        .into_iter()
+        .map(|a| {
+            let key = key_map
+                .get(a.key_index as usize)
+                .cloned()
+                .unwrap_or_else(|| format!("attr.{}", a.key_index));
+            (key, String::from_utf8_lossy(&a.value).into_owned())
+        })
+        .collect()
+}
+
 /// What the thread was doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum State {
@@ -151,17 +168,7 @@ pub fn build(
     for s in samples {
         let (span, attributes) = match s.record.valid() {
             Some((h, attrs_data)) => {
-                let attrs = record::decode_attributes(attrs_data)
-                    .entries
-                    .into_iter()
-                    .map(|a| {
-                        let key = key_map
-                            .get(a.key_index as usize)
-                            .cloned()
-                            .unwrap_or_else(|| format!("attr.{}", a.key_index));
-                        (key, String::from_utf8_lossy(&a.value).into_owned())
-                    })
-                    .collect();
+                let attrs = named_attributes(attrs_data, key_map);
                 (
                     Some(Span {
                         trace_id: h.trace_id.to_bytes(),
