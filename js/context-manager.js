@@ -25,9 +25,9 @@ const { NO_SPAN } = view;
 /** Per-context and per-span cache of the record entry (never enumerated). */
 const kEntry = Symbol('otel-thread-ctx.entry');
 
-// A plain symbol-keyed property: about ten times cheaper to add than
-// Object.defineProperty, and symbols stay out of for-in, Object.keys and
-// JSON. Frozen or sealed objects are simply not cached.
+// A plain symbol-keyed property: far cheaper to add than
+// Object.defineProperty (BENCHMARKS.md), and symbols stay out of for-in,
+// Object.keys and JSON. Frozen or sealed objects are simply not cached.
 function cache(holder, entry) {
   if (Object.isExtensible(holder)) holder[kEntry] = entry;
   return entry;
@@ -214,7 +214,7 @@ function updatePublisher() {
   continuations.activate(next, publishContext);
   schema = next._attributeSchema;
   binding.setClearOnIdle(true);
-  publishContext(next._asyncLocalStorage.getStore());
+  publishContext(next.active());
 }
 
 class ProfilingContextManager extends AsyncLocalStorageContextManager {
@@ -257,6 +257,10 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
 
   with(context, fn, thisArg, ...args) {
     if (!this._publishing) return super.with(context, fn, thisArg, ...args);
+    // The one place the upstream manager is not used through its public
+    // surface: super.with() would add a call frame and repeat the bind
+    // check on the hottest path (BENCHMARKS.md, "The upstream manager's
+    // surface"); this is its body.
     const cb = thisArg == null ? fn : fn.bind(thisArg);
     const outer = publishedContext;
     publishContext(context);
@@ -274,7 +278,7 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     const manager = this;
     const dispose = () => {
       token.dispose();
-      if (manager._publishing) publishContext(manager._asyncLocalStorage.getStore());
+      if (manager._publishing) publishContext(manager.active());
     };
     const wrapped = { dispose };
     if (typeof Symbol.dispose === 'symbol') wrapped[Symbol.dispose] = dispose;

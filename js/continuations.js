@@ -25,6 +25,9 @@ let activeManager = null;
 let storage = null;
 let publish = null;
 
+// The store is read from the manager's AsyncLocalStorage rather than
+// through manager.active(): that adds a call and a ROOT_CONTEXT fallback at
+// every callback start, and an undefined store publishes no span anyway.
 function onCallback() {
   // A hook already under way when the last manager was disabled still runs.
   if (storage !== null) publish(storage.getStore());

@@ -1,9 +1,10 @@
 'use strict';
 // setSpanContext / clearSpanContext: the direct API for code that tracks
 // spans itself. Written in JavaScript over the record view rather than as
-// napi functions: a napi call with three bigint arguments cost about
-// 150 ns, these about 25 ns. Every argument is validated before the record
-// is touched, so an error leaves the published record unchanged.
+// napi functions: napi-rs's per-call wrapper and the BigInt argument
+// conversions cost several times the write itself (BENCHMARKS.md). Every
+// argument is validated before the record is touched, so an error leaves
+// the published record unchanged.
 
 const view = require('./record-view');
 

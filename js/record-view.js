@@ -1,18 +1,29 @@
 'use strict';
 // The calling thread's OTEP 4947 record, written from JavaScript through a
 // typed-array view over the native record: no napi call, no allocation, no
-// syscall per write. Layout and protocol: src/record.rs.
+// syscall per write. Layout: abi/ (through ./abi); protocol: src/record.rs.
 //
 // Entries (the bytes of one span context) are built once per span and
 // reused, so a context switch copies seven words.
 
 const { diag } = require('@opentelemetry/api');
+const abi = require('./abi');
 const binding = require('./binding');
 
-const OFFSET_VALID = 24;
-const OFFSET_ATTRS_DATA = 28;
-const TAIL_INDEX_U32 = 6; // bytes 24..27: valid, trace_flags, attrs_data_size
-const RECORD_SIZE = 640;
+const { offsets } = abi.record;
+// The word stores below assume the OTEP 4947 header: trace_id and span_id
+// in words 0..5, then valid, trace_flags and attrs_data_size in one word.
+if (
+  offsets.traceId !== 0 || offsets.spanId !== 16 || offsets.valid !== 24 ||
+  offsets.traceFlags !== offsets.valid + 1 || offsets.attrsDataSize !== offsets.valid + 2 ||
+  offsets.attrsData !== offsets.valid + 4 || abi.record.valid !== 1
+) {
+  throw new Error('otel-thread-ctx: the addon\'s record layout is not the one this writer stores');
+}
+const OFFSET_VALID = offsets.valid;
+const OFFSET_ATTRS_DATA = offsets.attrsData;
+const TAIL_INDEX_U32 = OFFSET_VALID / 4; // valid, trace_flags, attrs_data_size
+const RECORD_SIZE = abi.record.size;
 
 /**
  * Why the record cannot be viewed directly, or null. Where the runtime
@@ -29,8 +40,8 @@ try {
   buffer = new ArrayBuffer(RECORD_SIZE);
 }
 const bytes = new Uint8Array(buffer);
-const words = new Uint32Array(buffer, 0, 7);
-const ids = new DataView(buffer, 0, 24);
+const words = new Uint32Array(buffer, 0, TAIL_INDEX_U32 + 1);
+const ids = new DataView(buffer, 0, OFFSET_VALID);
 
 const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
@@ -145,8 +156,8 @@ function publish(entry) {
   // V8 emits typed-array element stores in program order and never drops or
   // reorders them across one another, so valid = 0 lands before the fields
   // and the tail word (valid = 1) after them. (Atomics.store would add a
-  // locked instruction per store, about 7 ns each, for ordering the
-  // interrupted thread already has.)
+  // locked instruction per store, for ordering the interrupted thread
+  // already has.)
   // valid = 0 (with trace_flags and attrs_data_size: an invalid record's
   // other fields do not matter). NO_SPAN stops here and leaves the held
   // bytes, so the next entry may still be the held one.

@@ -8,14 +8,15 @@
 // compares them with the span's current values when the span is resumed.
 
 const { diag } = require('@opentelemetry/api');
+const abi = require('./abi');
 const binding = require('./binding');
 
 /** Longest value an entry can carry (its length is one byte). */
-const MAX_VALUE_BYTES = 255;
-/** Room for attrs_data in a 640-byte record after the 28-byte header. */
-const ATTRS_CAPACITY = 612;
+const MAX_VALUE_BYTES = abi.attrs.maxValueBytes;
+/** Room for attrs_data in a record after its header. */
+const ATTRS_CAPACITY = abi.record.attrsCapacity;
 /** Key indexes are one byte. */
-const MAX_KEYS = 256;
+const MAX_KEYS = abi.processContext.maxKeys;
 
 /** The UTF-8 bytes of `text`, cut to at most `max` bytes at a character boundary. */
 function truncatedUtf8(text, max) {
@@ -107,7 +108,7 @@ class AttributeSchema {
         if (text === undefined) continue;
         const valueBytes = truncatedUtf8(text, MAX_VALUE_BYTES);
         // An attribute that does not fit is left out whole; the record
-        // never grows past 640 bytes.
+        // never grows past the record's size.
         if (size + 2 + valueBytes.length > ATTRS_CAPACITY) continue;
         const index = this.keyIndex(i);
         if (index < 0) continue;

@@ -4,6 +4,7 @@
 //!
 //! This file holds the napi surface only; each concept has its own module.
 
+mod abi_layout;
 mod anonymous_memory;
 mod args;
 mod idle;
@@ -13,7 +14,6 @@ mod tls;
 mod view;
 
 use napi::bindgen_prelude::{BigInt, Env, Error, Object, Result, Status, Uint8Array, Unknown};
-use napi::sys;
 use napi_derive::napi;
 
 use otel_thread_ctx_abi::record::{HEADER_SIZE, RECORD_SIZE};
@@ -48,6 +48,13 @@ fn current_slot(env: &Env) -> Result<Slot> {
             Err(Error::from_status(Status::PendingException))
         }
     }
+}
+
+/// The wire layout (record offsets and sizes, limits, process-context
+/// names) from the ABI crate, for the JavaScript writer.
+#[napi]
+pub fn abi_layout() -> abi_layout::AbiLayout {
+    abi_layout::layout()
 }
 
 /// Diagnostics about the calling thread's registration.
@@ -122,9 +129,9 @@ pub fn set_clear_on_idle(env: Env, enabled: bool) -> Result<bool> {
 /// The calling thread's record as an `ArrayBuffer`, for the allocation-free
 /// JavaScript writer. The same buffer is returned on every call.
 #[napi]
-pub fn record_buffer(env: Env) -> Result<sys::napi_value> {
-    let slot = current_slot(&env)?;
-    view::get_or_create(&env, slot)
+pub fn record_buffer(env: &Env) -> Result<Object<'_>> {
+    let slot = current_slot(env)?;
+    view::get_or_create(env, slot)
 }
 
 /// Writes a record image (header, then attributes) into the calling
@@ -154,7 +161,7 @@ pub fn clear_record(env: Env) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------
-// Process context (OTEP 4719): logic in src/process_context.rs.
+// Process context (OTEP 4719): logic in src/process_context/
 
 mod process_context;
 

@@ -1,10 +1,10 @@
 //! The one external `ArrayBuffer` per thread that views its record, for the
 //! allocation-free JavaScript writer (`js/record-view.js`).
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::ffi::c_void;
 
-use napi::bindgen_prelude::{Env, Error, Result, Status};
+use napi::bindgen_prelude::{Env, Error, Object, ObjectRef, Result, Status};
 use napi::sys;
 
 use crate::registry::{self, Holder, Slot};
@@ -16,23 +16,14 @@ const SIMULATE_NO_EXTERNAL_BUFFERS: &str = "OTEL_THREAD_CTX_SIMULATE_NO_EXTERNAL
 
 thread_local! {
     /// Strong reference to this thread's buffer, held until env teardown.
-    static BUFFER: Cell<sys::napi_ref> = const { Cell::new(std::ptr::null_mut()) };
+    /// Dropping it does not delete it (`false`: no leak check either):
+    /// Node deletes the references of a torn-down env itself.
+    static BUFFER: RefCell<Option<ObjectRef<false>>> = const { RefCell::new(None) };
 }
 
-unsafe extern "C" fn finalize(_env: sys::napi_env, _data: *mut c_void, hint: *mut c_void) {
-    // V8 has dropped the buffer: the slot may now be recycled.
-    registry::release(hint as usize, Holder::View);
-}
-
-pub fn get_or_create(env: &Env, slot: Slot) -> Result<sys::napi_value> {
-    let mut value = std::ptr::null_mut();
-    let existing = BUFFER.with(Cell::get);
-    if !existing.is_null() {
-        // SAFETY: `existing` is a live strong reference created below in this env.
-        napi::check_status!(unsafe {
-            sys::napi_get_reference_value(env.raw(), existing, &mut value)
-        })?;
-        return Ok(value);
+pub fn get_or_create(env: &Env, slot: Slot) -> Result<Object<'_>> {
+    if let Some(existing) = BUFFER.with_borrow(|buffer| buffer.as_ref().map(|r| r.get_value(env))) {
+        return existing;
     }
     if std::env::var_os(SIMULATE_NO_EXTERNAL_BUFFERS).is_some() {
         return Err(Error::new(
@@ -40,7 +31,29 @@ pub fn get_or_create(env: &Env, slot: Slot) -> Result<sys::napi_value> {
             format!("external buffers are not allowed ({SIMULATE_NO_EXTERNAL_BUFFERS} is set)"),
         ));
     }
+    let buffer = Object::from_raw(env.raw(), external_view(env, slot)?);
+    let reference = buffer.create_ref::<false>()?;
+    BUFFER.with_borrow_mut(|b| *b = Some(reference));
+    Ok(buffer)
+}
+
+unsafe extern "C" fn finalize(_env: sys::napi_env, _data: *mut c_void, hint: *mut c_void) {
+    // V8 has dropped the buffer: the slot may now be recycled.
+    registry::release(hint as usize, Holder::View);
+}
+
+/// An external `ArrayBuffer` over `slot`'s record, holding the slot until
+/// V8 finalizes it.
+///
+/// napi directly rather than napi-rs's `ArrayBuffer::from_external`: where
+/// the runtime forbids external buffers, that one returns a copy, whose
+/// writes would publish nothing, instead of the error the JS writer falls
+/// back on; and its debug-build check against reusing a data pointer does
+/// not fit records, whose slots are recycled by design (safely: a slot is
+/// reused only after this buffer's finalizer ran).
+fn external_view(env: &Env, slot: Slot) -> Result<sys::napi_value> {
     registry::hold_view(slot.index);
+    let mut value = std::ptr::null_mut();
     // SAFETY: the record stays mapped for the life of the process and the
     // finalizer releases the slot only after V8 is done with the buffer.
     let status = unsafe {
@@ -60,18 +73,12 @@ pub fn get_or_create(env: &Env, slot: Slot) -> Result<sys::napi_value> {
             "cannot create the record view".to_owned(),
         ));
     }
-    let mut reference = std::ptr::null_mut();
-    // SAFETY: `value` is the buffer just created in this env.
-    napi::check_status!(unsafe {
-        sys::napi_create_reference(env.raw(), value, 1, &mut reference)
-    })?;
-    BUFFER.with(|b| b.set(reference));
     Ok(value)
 }
 
 /// Drops the strong reference at env teardown so V8 can finalize the buffer.
 pub fn forget() {
-    BUFFER.with(|b| b.set(std::ptr::null_mut()));
+    BUFFER.with_borrow_mut(|b| *b = None);
     // Node deletes every remaining reference of a torn-down env itself;
     // deleting it here would need the env, which cleanup hooks do not get.
 }

@@ -15,6 +15,9 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
 
+// The record layout (ABI_* macros), generated from the ABI crate.
+#include "otel_thread_ctx_abi.h"
+
 // The few kernel types read here, relocated against the running kernel's
 // BTF at load time (CO-RE), so no generated vmlinux.h is needed.
 struct thread_struct {
@@ -34,9 +37,6 @@ struct task_struct___pre_5_14 {
 	long state;
 } __attribute__((preserve_access_index));
 
-#define RECORD_SIZE 640
-#define RECORD_HEADER 28
-#define MAX_ATTRS (RECORD_SIZE - RECORD_HEADER)
 #define MAX_FRAMES 127
 
 enum sample_kind { KIND_CPU = 0, KIND_OFF_CPU = 1 };
@@ -62,7 +62,7 @@ struct sample {
 	__s32 kernel_stack_bytes;
 	__u32 cpu;
 	char comm[16];
-	__u8 record[RECORD_SIZE];
+	__u8 record[ABI_RECORD_SIZE];
 	__u64 user_stack[MAX_FRAMES];
 	__u64 kernel_stack[MAX_FRAMES];
 };
@@ -111,7 +111,7 @@ static __always_inline void count(__u32 which)
 		*c += 1;
 }
 
-// Follows the thread pointer to the record and copies it: the 28-byte
+// Follows the thread pointer to the record and copies it: the fixed
 // header, then attrs_data only when the record is valid.
 static __always_inline __u32 read_record(struct task_struct *task, __u8 *dst)
 {
@@ -141,14 +141,15 @@ static __always_inline __u32 read_record(struct task_struct *task, __u8 *dst)
 		return RECORD_UNREADABLE;
 	if (!record)
 		return RECORD_NULL;
-	if (bpf_probe_read_user(dst, RECORD_HEADER, (void *)record))
+	if (bpf_probe_read_user(dst, ABI_RECORD_HEADER_SIZE, (void *)record))
 		return RECORD_UNREADABLE;
-	if (dst[24] != 1)
+	if (dst[ABI_OFFSET_VALID] != ABI_VALID)
 		return RECORD_READ;
-	__u32 attrs = *(__u16 *)(dst + 26);
-	if (attrs > MAX_ATTRS)
-		attrs = MAX_ATTRS;
-	if (attrs && bpf_probe_read_user(dst + RECORD_HEADER, attrs, (void *)(record + RECORD_HEADER)))
+	__u32 attrs = *(__u16 *)(dst + ABI_OFFSET_ATTRS_DATA_SIZE);
+	if (attrs > ABI_ATTRS_CAPACITY)
+		attrs = ABI_ATTRS_CAPACITY;
+	if (attrs && bpf_probe_read_user(dst + ABI_OFFSET_ATTRS_DATA, attrs,
+					 (void *)(record + ABI_OFFSET_ATTRS_DATA)))
 		return RECORD_UNREADABLE;
 	return RECORD_READ;
 }
@@ -161,7 +162,7 @@ static __always_inline void fill(void *ctx, struct sample *s, struct task_struct
 	s->off_cpu_ns = 0;
 	s->cpu = bpf_get_smp_processor_id();
 	BPF_CORE_READ_STR_INTO(&s->comm, task, comm);
-	s->record[24] = 0;
+	s->record[ABI_OFFSET_VALID] = 0;
 	s->record_status = read_record(task, s->record);
 	s->user_stack_bytes = bpf_get_stack(ctx, s->user_stack, sizeof(s->user_stack), BPF_F_USER_STACK);
 	s->kernel_stack_bytes = bpf_get_stack(ctx, s->kernel_stack, sizeof(s->kernel_stack), 0);

@@ -28,11 +28,15 @@ use std::cell::Cell;
 use std::ffi::CStr;
 use std::ptr;
 
-use napi::bindgen_prelude::{Env, Error, Result, Status, Unknown};
-use napi::{check_status, sys, JsValue};
+use napi::bindgen_prelude::{
+    Env, Error, FromNapiValue, JsObjectValue, Object, Result, Status, Unknown,
+};
+use napi::{check_status, sys, JsString, JsValue, ValueType};
 
-use super::payload::{any_value, AnyValue, KeyValue, RESERVED_PREFIX};
-use super::{PublishError, Update, MAX_KEYS, MAX_PAYLOAD_BYTES};
+use otel_thread_ctx_abi::process_context::{MAX_KEYS, MAX_PAYLOAD_BYTES, RESERVED_PREFIX};
+
+use super::payload::{any_value, AnyValue, KeyValue};
+use super::{PublishError, Update};
 use crate::args::{range_error, type_error};
 
 /// Deepest nesting of arrays and kvlists accepted (a top-level value is at
@@ -47,8 +51,8 @@ const MIN_ELEMENT_BYTES: usize = 4;
 /// more keys than the limit allows is refused before its keys are read.
 const MIN_KEY_BYTES: usize = 3;
 
-/// Raw napi helpers over one env. Each returns `Err` with the napi status
-/// (`PendingException` when a getter threw: the exception propagates).
+/// Reads JS values of one call. Each method returns `Err` with the napi
+/// status (`PendingException` when a getter threw: the exception propagates).
 ///
 /// `budget` bounds the work done on any input: it starts at the largest
 /// payload, every array element, key and string is charged the bytes it
@@ -58,7 +62,7 @@ const MIN_KEY_BYTES: usize = 3;
 struct Js<'a> {
     env: &'a Env,
     budget: Cell<usize>,
-    object_prototype: Cell<sys::napi_value>,
+    object_prototype: Cell<Option<Unknown<'a>>>,
 }
 
 impl<'a> Js<'a> {
@@ -66,7 +70,7 @@ impl<'a> Js<'a> {
         Js {
             env,
             budget: Cell::new(MAX_PAYLOAD_BYTES),
-            object_prototype: Cell::new(ptr::null_mut()),
+            object_prototype: Cell::new(None),
         }
     }
 
@@ -91,22 +95,13 @@ impl<'a> Js<'a> {
         self.charge((count as usize).saturating_mul(each), path)
     }
 
-    fn raw(&self) -> sys::napi_env {
-        self.env.raw()
-    }
-
-    fn type_of(&self, value: sys::napi_value) -> Result<sys::napi_valuetype> {
-        let mut kind = 0;
-        // SAFETY: `value` is a live handle of this env; `kind` is a local.
-        check_status!(unsafe { sys::napi_typeof(self.raw(), value, &mut kind) })?;
-        Ok(kind)
-    }
-
-    fn is_array(&self, value: sys::napi_value) -> Result<bool> {
-        let mut result = false;
-        // SAFETY: as above.
-        check_status!(unsafe { sys::napi_is_array(self.raw(), value, &mut result) })?;
-        Ok(result)
+    /// `value` read as a `T` (`JsString`, `Object`, `f64`, `bool`), for a
+    /// value whose type `get_type` reported.
+    fn typed<T: FromNapiValue>(&self, value: Unknown<'a>) -> Result<T> {
+        // SAFETY: `value` is a live handle of this env, and napi checks the
+        // type again on every read (`napi_string_expected`, ...), so even a
+        // mismatch would be an error, not undefined behaviour.
+        unsafe { value.cast::<T>() }
     }
 
     /// True for objects whose prototype is `Object.prototype` or null:
@@ -114,95 +109,57 @@ impl<'a> Js<'a> {
     /// `Map`, dates, binary data, an SDK `Resource`) keeps its content
     /// somewhere its own keys do not show, so publishing those keys would
     /// publish the wrong thing.
-    fn is_plain_object(&self, value: sys::napi_value) -> Result<bool> {
-        let mut prototype = ptr::null_mut();
-        // SAFETY: `value` is a live object handle; a Proxy trap that throws yields napi_pending_exception.
-        check_status!(unsafe { sys::napi_get_prototype(self.raw(), value, &mut prototype) })?;
-        if self.type_of(prototype)? == sys::ValueType::napi_null {
+    fn is_plain_object(&self, object: &Object<'a>) -> Result<bool> {
+        // A Proxy trap that throws yields napi_pending_exception.
+        let prototype = object.get_prototype()?;
+        if prototype.get_type()? == ValueType::Null {
             return Ok(true);
         }
-        let mut same = false;
-        // SAFETY: both are live handles of this env.
-        check_status!(unsafe {
-            sys::napi_strict_equals(self.raw(), prototype, self.object_prototype()?, &mut same)
-        })?;
-        Ok(same)
+        self.env.strict_equals(prototype, self.object_prototype()?)
     }
 
     /// This realm's `Object.prototype`, looked up once per call.
-    fn object_prototype(&self) -> Result<sys::napi_value> {
-        if self.object_prototype.get().is_null() {
-            let mut object = ptr::null_mut();
-            // SAFETY: an empty object literal of this env; its prototype is Object.prototype.
-            check_status!(unsafe { sys::napi_create_object(self.raw(), &mut object) })?;
-            let mut prototype = ptr::null_mut();
-            // SAFETY: `object` was just created.
-            check_status!(unsafe { sys::napi_get_prototype(self.raw(), object, &mut prototype) })?;
-            self.object_prototype.set(prototype);
+    fn object_prototype(&self) -> Result<Unknown<'a>> {
+        if let Some(prototype) = self.object_prototype.get() {
+            return Ok(prototype);
         }
-        Ok(self.object_prototype.get())
-    }
-
-    fn array_length(&self, array: sys::napi_value) -> Result<u32> {
-        let mut length = 0;
-        // SAFETY: `array` is a live array handle of this env.
-        check_status!(unsafe { sys::napi_get_array_length(self.raw(), array, &mut length) })?;
-        Ok(length)
-    }
-
-    fn element(&self, array: sys::napi_value, index: u32) -> Result<sys::napi_value> {
-        let mut value = ptr::null_mut();
-        // SAFETY: as above; a throwing getter yields napi_pending_exception.
-        check_status!(unsafe { sys::napi_get_element(self.raw(), array, index, &mut value) })?;
-        Ok(value)
+        // An empty object literal's prototype is Object.prototype.
+        let prototype = Object::new(self.env)?.get_prototype()?;
+        self.object_prototype.set(Some(prototype));
+        Ok(prototype)
     }
 
     /// `Object.keys(object)`: own, enumerable, string keys.
-    fn own_keys(&self, object: sys::napi_value) -> Result<sys::napi_value> {
+    ///
+    /// napi directly: napi-rs's `get_all_property_names` takes one key
+    /// filter, and this needs two (enumerable, no symbols).
+    fn own_keys(&self, object: &Object<'a>) -> Result<Object<'a>> {
         let mut keys = ptr::null_mut();
-        // SAFETY: `object` is a live object handle of this env.
+        // SAFETY: `object` is a live object handle of this env; `keys` is a local.
         check_status!(unsafe {
             sys::napi_get_all_property_names(
-                self.raw(),
-                object,
+                self.env.raw(),
+                object.raw(),
                 sys::KeyCollectionMode::own_only,
                 sys::KeyFilter::enumerable | sys::KeyFilter::skip_symbols,
                 sys::KeyConversion::numbers_to_strings,
                 &mut keys,
             )
         })?;
-        Ok(keys)
+        Ok(Object::from_raw(self.env.raw(), keys))
     }
 
-    fn property(&self, object: sys::napi_value, key: sys::napi_value) -> Result<sys::napi_value> {
-        let mut value = ptr::null_mut();
-        // SAFETY: live handles of this env; a throwing getter yields napi_pending_exception.
-        check_status!(unsafe { sys::napi_get_property(self.raw(), object, key, &mut value) })?;
-        Ok(value)
-    }
-
-    fn named(&self, object: sys::napi_value, name: &CStr) -> Result<sys::napi_value> {
-        let mut value = ptr::null_mut();
-        // SAFETY: as above; `name` is NUL-terminated.
-        check_status!(unsafe {
-            sys::napi_get_named_property(self.raw(), object, name.as_ptr(), &mut value)
-        })?;
-        Ok(value)
+    fn named(&self, object: &Object<'a>, name: &CStr) -> Result<Unknown<'a>> {
+        // A throwing getter yields napi_pending_exception.
+        object.get_c_named_property_unchecked(name)
     }
 
     /// A JS string as UTF-8 (lone surrogates become U+FFFD).
-    fn string(&self, value: sys::napi_value) -> Result<String> {
-        let mut length = 0;
-        // SAFETY: `value` is a live string handle; a NULL buffer asks for the
-        // UTF-16 length, which costs nothing and bounds the UTF-8 length from below.
-        check_status!(unsafe {
-            sys::napi_get_value_string_utf16(self.raw(), value, ptr::null_mut(), 0, &mut length)
-        })?;
+    fn string(&self, value: JsString<'_>) -> Result<String> {
+        // The UTF-16 length costs nothing and bounds the UTF-8 length from below.
+        let mut length = value.utf16_len()?;
         if length <= MAX_PAYLOAD_BYTES {
-            // SAFETY: `value` is a live string handle; a NULL buffer asks for the length.
-            check_status!(unsafe {
-                sys::napi_get_value_string_utf8(self.raw(), value, ptr::null_mut(), 0, &mut length)
-            })?;
+            length = value.utf8_len()?;
         }
         if length > MAX_PAYLOAD_BYTES {
             return range_error(
@@ -212,83 +169,54 @@ impl<'a> Js<'a> {
                 ),
             );
         }
-        let mut bytes = vec![0u8; length + 1];
-        let mut written = 0;
-        // SAFETY: `bytes` has room for `length` bytes plus the NUL napi appends.
-        check_status!(unsafe {
-            sys::napi_get_value_string_utf8(
-                self.raw(),
-                value,
-                bytes.as_mut_ptr().cast(),
-                bytes.len(),
-                &mut written,
-            )
-        })?;
-        bytes.truncate(written);
-        String::from_utf8(bytes).map_err(|e| Error::new(Status::StringExpected, e.to_string()))
+        value.into_utf8()?.into_owned()
     }
 
     /// `String(value)` for a number or bigint (cannot throw for those).
-    fn spelled(&self, value: sys::napi_value) -> Result<String> {
-        let mut string = ptr::null_mut();
-        // SAFETY: `value` is a live number or bigint handle.
-        check_status!(unsafe { sys::napi_coerce_to_string(self.raw(), value, &mut string) })?;
-        self.string(string)
-    }
-
-    fn double(&self, value: sys::napi_value) -> Result<f64> {
-        let mut number = 0.0;
-        // SAFETY: `value` is a live number handle.
-        check_status!(unsafe { sys::napi_get_value_double(self.raw(), value, &mut number) })?;
-        Ok(number)
-    }
-
-    fn boolean(&self, value: sys::napi_value) -> Result<bool> {
-        let mut result = false;
-        // SAFETY: `value` is a live boolean handle.
-        check_status!(unsafe { sys::napi_get_value_bool(self.raw(), value, &mut result) })?;
-        Ok(result)
+    fn spelled(&self, value: Unknown<'a>) -> Result<String> {
+        self.string(value.coerce_to_string()?)
     }
 
     /// The bigint as an `i64`, or `None` when it does not fit.
-    fn bigint_i64(&self, value: sys::napi_value) -> Result<Option<i64>> {
+    ///
+    /// napi directly: napi-rs's `BigInt` copies every word of the value
+    /// first, work proportional to the input before any limit is checked.
+    fn bigint_i64(&self, value: Unknown<'a>) -> Result<Option<i64>> {
         let mut result = 0i64;
         let mut lossless = false;
-        // SAFETY: `value` is a live bigint handle.
+        // SAFETY: `value` is a live bigint handle; `result` and `lossless` are locals.
         check_status!(unsafe {
-            sys::napi_get_value_bigint_int64(self.raw(), value, &mut result, &mut lossless)
+            sys::napi_get_value_bigint_int64(
+                self.env.raw(),
+                value.raw(),
+                &mut result,
+                &mut lossless,
+            )
         })?;
         Ok(lossless.then_some(result))
     }
 
-    fn is_nullish(kind: sys::napi_valuetype) -> bool {
-        kind == sys::ValueType::napi_undefined || kind == sys::ValueType::napi_null
+    fn is_nullish(kind: ValueType) -> bool {
+        kind == ValueType::Undefined || kind == ValueType::Null
     }
 
     /// A value that becomes the attribute `path` (for error messages), or
     /// `None` for `null`/`undefined`.
-    fn any_value(
-        &self,
-        value: sys::napi_value,
-        path: &str,
-        depth: usize,
-    ) -> Result<Option<AnyValue>> {
-        use sys::ValueType as T;
-        let kind = self.type_of(value)?;
-        Ok(Some(match kind {
-            T::napi_undefined | T::napi_null => return Ok(None),
-            T::napi_string => {
-                let text = self.string(value)?;
+    fn any_value(&self, value: Unknown<'a>, path: &str, depth: usize) -> Result<Option<AnyValue>> {
+        Ok(Some(match value.get_type()? {
+            ValueType::Undefined | ValueType::Null => return Ok(None),
+            ValueType::String => {
+                let text = self.string(self.typed(value)?)?;
                 self.charge(text.len(), path)?;
                 AnyValue::string(text)
             }
-            T::napi_boolean => AnyValue::string(if self.boolean(value)? {
+            ValueType::Boolean => AnyValue::string(if self.typed::<bool>(value)? {
                 "true"
             } else {
                 "false"
             }),
-            T::napi_number => {
-                let number = self.double(value)?;
+            ValueType::Number => {
+                let number = self.typed::<f64>(value)?;
                 // 2^63 is exactly representable; every integral double in
                 // [-2^63, 2^63) converts to i64 without loss.
                 if number.fract() == 0.0
@@ -299,26 +227,27 @@ impl<'a> Js<'a> {
                     AnyValue::string(self.spelled(value)?)
                 }
             }
-            T::napi_bigint => match self.bigint_i64(value)? {
+            ValueType::BigInt => match self.bigint_i64(value)? {
                 Some(int) => AnyValue::int(int),
                 None => AnyValue::string(self.spelled(value)?),
             },
-            T::napi_object => {
+            ValueType::Object => {
                 if depth > MAX_DEPTH {
                     return range_error(
                         self.env,
                         &format!("{path} nests arrays or objects deeper than {MAX_DEPTH} levels (is it cyclic?)"),
                     );
                 }
-                if self.is_array(value)? {
-                    self.array(value, path, depth)?
-                } else if !self.is_plain_object(value)? {
+                let object = self.typed::<Object>(value)?;
+                if object.is_array()? {
+                    self.array(&object, path, depth)?
+                } else if !self.is_plain_object(&object)? {
                     return type_error(
                         self.env,
                         &format!("{path} must be a string, number, boolean, bigint, array or plain object"),
                     );
                 } else {
-                    AnyValue::kvlist(self.key_values(value, path, depth + 1)?)
+                    AnyValue::kvlist(self.key_values(&object, path, depth + 1)?)
                 }
             }
             _ => {
@@ -332,13 +261,14 @@ impl<'a> Js<'a> {
         }))
     }
 
-    fn array(&self, array: sys::napi_value, path: &str, depth: usize) -> Result<AnyValue> {
-        let length = self.array_length(array)?;
+    fn array(&self, array: &Object<'a>, path: &str, depth: usize) -> Result<AnyValue> {
+        let length = array.get_array_length_unchecked()?;
         self.charge_items(length, MIN_ELEMENT_BYTES, path)?;
         let mut values = Vec::with_capacity(length as usize);
         let mut holes = Vec::new();
         for index in 0..length {
-            let element = self.element(array, index)?;
+            // A throwing getter yields napi_pending_exception.
+            let element = array.get_element::<Unknown>(index)?;
             match self.any_value(element, &format!("{path}[{index}]"), depth + 1)? {
                 Some(value) => values.push(value),
                 None => {
@@ -365,25 +295,22 @@ impl<'a> Js<'a> {
 
     /// The own enumerable string-keyed properties of `object` as key/values,
     /// leaving out `null`/`undefined` values.
-    fn key_values(
-        &self,
-        object: sys::napi_value,
-        path: &str,
-        depth: usize,
-    ) -> Result<Vec<KeyValue>> {
+    fn key_values(&self, object: &Object<'a>, path: &str, depth: usize) -> Result<Vec<KeyValue>> {
         let keys = self.own_keys(object)?;
-        let count = self.array_length(keys)?;
+        let count = keys.get_array_length_unchecked()?;
         self.charge_items(count, MIN_KEY_BYTES, path)?;
         let mut result = Vec::with_capacity(count as usize);
         for index in 0..count {
-            let key_value = self.element(keys, index)?;
+            // Strings: the keys were converted (`numbers_to_strings`).
+            let key_value = keys.get_element::<JsString>(index)?;
             let key = self.string(key_value)?;
             self.charge(key.len().saturating_sub(1), path)?;
             let item_path = format!("{path}[{key:?}]");
             if key.is_empty() {
                 return range_error(self.env, &format!("{path} has an empty attribute key"));
             }
-            let value = self.property(object, key_value)?;
+            // A throwing getter yields napi_pending_exception.
+            let value = object.get_property_unchecked::<_, Unknown>(key_value)?;
             if let Some(value) = self.any_value(value, &item_path, depth)? {
                 result.push(KeyValue::new(key, value));
             }
@@ -392,17 +319,17 @@ impl<'a> Js<'a> {
     }
 
     /// An attributes object argument (`options.resource`, `options.attributes`).
-    fn attributes(&self, value: sys::napi_value, path: &str) -> Result<Vec<KeyValue>> {
-        if self.type_of(value)? != sys::ValueType::napi_object
-            || self.is_array(value)?
-            || !self.is_plain_object(value)?
+    fn attributes(&self, value: Unknown<'a>, path: &str) -> Result<Vec<KeyValue>> {
+        if value.get_type()? != ValueType::Object
+            || value.is_array()?
+            || !self.is_plain_object(&self.typed(value)?)?
         {
             return type_error(
                 self.env,
                 &format!("The \"{path}\" property must be an object of attributes"),
             );
         }
-        self.key_values(value, path, 1)
+        self.key_values(&self.typed(value)?, path, 1)
     }
 }
 
@@ -411,25 +338,25 @@ impl<'a> Js<'a> {
 pub fn update_from_js(env: &Env, options: Option<&Unknown<'_>>) -> Result<Update> {
     let js = Js::new(env);
     let mut update = Update::default();
-    let Some(options) = options else {
+    let Some(&options) = options else {
         return Ok(update);
     };
-    let options = options.raw();
-    let kind = js.type_of(options)?;
+    let kind = options.get_type()?;
     if Js::is_nullish(kind) {
         return Ok(update);
     }
-    if kind != sys::ValueType::napi_object || js.is_array(options)? {
+    if kind != ValueType::Object || options.is_array()? {
         return type_error(env, "The \"options\" argument must be an object");
     }
+    let options = js.typed::<Object>(options)?;
 
-    let resource = js.named(options, c"resource")?;
-    if !Js::is_nullish(js.type_of(resource)?) {
+    let resource = js.named(&options, c"resource")?;
+    if !Js::is_nullish(resource.get_type()?) {
         update.resource = Some(js.attributes(resource, "options.resource")?);
     }
 
-    let attributes = js.named(options, c"attributes")?;
-    if !Js::is_nullish(js.type_of(attributes)?) {
+    let attributes = js.named(&options, c"attributes")?;
+    if !Js::is_nullish(attributes.get_type()?) {
         let attributes = js.attributes(attributes, "options.attributes")?;
         if let Some(reserved) = attributes
             .iter()
@@ -447,16 +374,16 @@ pub fn update_from_js(env: &Env, options: Option<&Unknown<'_>>) -> Result<Update
         update.attributes = Some(attributes);
     }
 
-    let schema_version = js.named(options, c"schemaVersion")?;
-    let kind = js.type_of(schema_version)?;
+    let schema_version = js.named(&options, c"schemaVersion")?;
+    let kind = schema_version.get_type()?;
     if !Js::is_nullish(kind) {
-        if kind != sys::ValueType::napi_string {
+        if kind != ValueType::String {
             return type_error(
                 env,
                 "The \"options.schemaVersion\" property must be of type string",
             );
         }
-        let schema_version = js.string(schema_version)?;
+        let schema_version = js.string(js.typed(schema_version)?)?;
         if schema_version.is_empty() {
             return range_error(
                 env,
@@ -471,11 +398,11 @@ pub fn update_from_js(env: &Env, options: Option<&Unknown<'_>>) -> Result<Update
 /// Reads `registerAttributeKeys(keys)`'s argument: an array of non-empty strings.
 pub fn keys_from_js(env: &Env, keys: &Unknown<'_>) -> Result<Vec<String>> {
     let js = Js::new(env);
-    let keys = keys.raw();
-    if js.type_of(keys)? != sys::ValueType::napi_object || !js.is_array(keys)? {
+    if keys.get_type()? != ValueType::Object || !keys.is_array()? {
         return type_error(env, "The \"keys\" argument must be an array of strings");
     }
-    let length = js.array_length(keys)?;
+    let keys = js.typed::<Object>(*keys)?;
+    let length = keys.get_array_length_unchecked()?;
     if length as usize > MAX_KEYS {
         return range_error(
             env,
@@ -484,14 +411,14 @@ pub fn keys_from_js(env: &Env, keys: &Unknown<'_>) -> Result<Vec<String>> {
     }
     let mut result = Vec::with_capacity(length as usize);
     for index in 0..length {
-        let key = js.element(keys, index)?;
-        if js.type_of(key)? != sys::ValueType::napi_string {
+        let key = keys.get_element::<Unknown>(index)?;
+        if key.get_type()? != ValueType::String {
             return type_error(
                 env,
                 &format!("The \"keys[{index}]\" element must be of type string"),
             );
         }
-        let key = js.string(key)?;
+        let key = js.string(js.typed(key)?)?;
         js.charge(key.len(), "keys")?;
         if key.is_empty() {
             return range_error(

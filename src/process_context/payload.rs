@@ -1,12 +1,11 @@
 //! The process context payload and its encoding. The messages are the
-//! workspace's shared OTLP declarations (`otlp-messages/`).
+//! workspace's shared OTLP declarations (`otlp-messages/`), the
+//! `threadlocal.*` keys the ABI crate's.
 
 use prost::Message;
 
-pub use otel_thread_ctx_otlp::{
-    any_value, AnyValue, KeyValue, ProcessContext, Resource, KEY_MAP_KEY, RESERVED_PREFIX,
-    SCHEMA_VERSION_KEY,
-};
+use otel_thread_ctx_abi::process_context::{KEY_MAP_KEY, SCHEMA_VERSION_KEY};
+pub use otel_thread_ctx_otlp::{any_value, AnyValue, KeyValue, ProcessContext, Resource};
 
 /// Everything one payload is built from.
 pub struct Contents<'a> {

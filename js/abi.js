@@ -1,0 +1,22 @@
+'use strict';
+// The wire layout of the thread record (OTEP 4947) and the process context
+// (OTEP 4719), as the addon's ABI crate declares it (abi/): record offsets
+// and sizes, the attribute entry limits, the process-context header and
+// names. Read once at load, frozen; JavaScript declares none of it itself.
+//
+// { record: { headerSize, size, attrsCapacity, offsets: { traceId, spanId,
+//     valid, traceFlags, attrsDataSize, attrsData }, valid, tlsSymbol },
+//   attrs: { maxValueBytes },
+//   processContext: { signature, version, headerSize, maxPayloadBytes,
+//     maxKeys, mappingName, schemaVersionKey, keyMapKey, defaultSchemaVersion } }
+
+const { loadAddon } = require('./native');
+
+function deepFreeze(value) {
+  for (const child of Object.values(value)) {
+    if (typeof child === 'object' && child !== null) deepFreeze(child);
+  }
+  return Object.freeze(value);
+}
+
+module.exports = deepFreeze(loadAddon().abiLayout());
