@@ -10,7 +10,7 @@ use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, Rela, SectionHeade
 use object::{Endianness, SectionIndex};
 
 /// The discovery symbol (OTEP 4947).
-pub const SYMBOL: &str = "otel_thread_ctx_v1";
+pub use otel_thread_ctx_abi::record::TLS_SYMBOL as SYMBOL;
 
 /// A read-only private mapping of a whole file. Only the pages the ELF parser
 /// touches are read from disk, which matters for 100 MB executables.
@@ -253,12 +253,18 @@ fn reloc_types(machine: u16) -> Option<RelocTypes> {
     }
 }
 
+/// Why a mapped file could not be analysed.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    #[error("not a readable 64-bit ELF: {0}")]
+    Unreadable(#[source] object::read::Error),
+}
+
 /// Looks `otel_thread_ctx_v1` up in the `.dynsym` of the ELF image `data`.
 /// `Ok(None)`: the module does not define it (or has no TLS at all).
 /// `Err`: the file is not a 64-bit ELF the reader can parse.
-pub fn analyze(data: &[u8]) -> Result<Option<TlsDefinition>, String> {
-    let file = ElfFile64::<Endianness>::parse(data)
-        .map_err(|e| format!("not a readable 64-bit ELF: {e}"))?;
+pub fn analyze(data: &[u8]) -> Result<Option<TlsDefinition>, ElfError> {
+    let file = ElfFile64::<Endianness>::parse(data).map_err(ElfError::Unreadable)?;
     let endian = file.endian();
     let header = file.elf_header();
     let mut tls_segment = None;

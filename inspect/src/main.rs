@@ -8,6 +8,7 @@
 
 mod discovery;
 mod elf;
+mod error;
 mod inspect;
 mod maps;
 mod memory;
@@ -156,7 +157,7 @@ fn main() -> ExitCode {
                 max_traces,
             };
             match profile::run(&opts) {
-                Err(target::Fatal(e)) => {
+                Err(e) => {
                     eprintln!("otel-thread-ctx: {e}");
                     ExitCode::from(2)
                 }
@@ -173,8 +174,8 @@ fn main() -> ExitCode {
             json,
             stop_timeout_ms,
         } => match inspect::run(pid, Duration::from_millis(stop_timeout_ms)) {
-            Err(target::Fatal(e)) => {
-                eprintln!("otel-thread-ctx: {}", output::escape(&e));
+            Err(e) => {
+                eprintln!("otel-thread-ctx: {}", output::escape(&e.to_string()));
                 // Interrupted runs exit like the signal's default action would.
                 ExitCode::from(signals::requested().map_or(2, |sig| 128u8.wrapping_add(sig as u8)))
             }
@@ -214,14 +215,14 @@ fn main() -> ExitCode {
             );
             drop(stdout);
             match result {
-                Err(target::Fatal(e)) => {
-                    eprintln!("otel-thread-ctx: {}", output::escape(&e));
+                Err(e) => {
+                    eprintln!("otel-thread-ctx: {}", output::escape(&e.to_string()));
                     ExitCode::from(2)
                 }
                 Ok(Err(reason)) => {
                     eprintln!(
                         "otel-thread-ctx: pid {pid} publishes no readable thread context: {}",
-                        output::escape(&reason)
+                        output::escape(&reason.to_string())
                     );
                     ExitCode::from(1)
                 }

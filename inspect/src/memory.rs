@@ -3,7 +3,6 @@
 //! Every read is bounded by the caller's buffer and fails as a whole when any
 //! byte is unmapped, so garbage pointers become errors, never crashes.
 
-use std::fmt;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -28,24 +27,13 @@ pub trait Memory {
 }
 
 /// A failed read: which bytes, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot read {len} bytes at {addr:#x}: {reason}")]
 pub struct MemoryError {
     pub addr: u64,
     pub len: usize,
     pub reason: String,
 }
-
-impl fmt::Display for MemoryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "cannot read {} bytes at {:#x}: {}",
-            self.len, self.addr, self.reason
-        )
-    }
-}
-
-impl std::error::Error for MemoryError {}
 
 /// The memory of one address space of a live process, read through
 /// `/proc/<pid>/task/<tid>/mem`. The open file is bound to the address space
@@ -60,22 +48,16 @@ pub struct ProcessMemory {
 }
 
 /// Why the memory of a process could not be opened.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     /// The thread (or the whole process) no longer exists.
+    #[error("the thread no longer exists")]
     Gone,
     /// The reader may not read this process's memory.
-    PermissionDenied(io::Error),
-    Other(io::Error),
-}
-
-impl fmt::Display for OpenError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OpenError::Gone => f.write_str("the thread no longer exists"),
-            OpenError::PermissionDenied(e) | OpenError::Other(e) => write!(f, "{e}"),
-        }
-    }
+    #[error("{0}")]
+    PermissionDenied(#[source] io::Error),
+    #[error("{0}")]
+    Other(#[source] io::Error),
 }
 
 impl ProcessMemory {

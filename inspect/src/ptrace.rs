@@ -22,30 +22,38 @@ use std::time::{Duration, Instant};
 use crate::thread;
 
 /// Why a thread could not be stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StopError {
     /// The thread exited.
+    #[error("thread exited")]
     Gone,
-    /// The reader lacks the privilege to trace the target.
-    Permission(String),
+    /// The reader lacks the privilege to trace the target (`EPERM` from
+    /// `PTRACE_SEIZE` of a thread that is alive and traced by no one).
+    #[error("permission denied by ptrace (run as root, or as the target's user with kernel.yama.ptrace_scope=0, or grant CAP_SYS_PTRACE)")]
+    Permission,
     /// Another tracer (debugger, strace) holds the thread.
-    Busy(String),
+    #[error("thread is already traced by pid {0}")]
+    Busy(i32),
     /// The thread did not stop in time; it will be released later.
+    #[error("thread did not stop within {} ms", .0.as_millis())]
     Timeout(Duration),
     /// The thread still has not reached the stop of an earlier timeout.
+    #[error("thread still has not reached an earlier stop")]
     StillStopping,
-    Other(String),
+    /// `PTRACE_SEIZE` failed with this errno.
+    #[error("PTRACE_SEIZE: {}", std::io::Error::from_raw_os_error(*.0))]
+    Seize(i32),
+    /// `PTRACE_INTERRUPT` failed with this errno.
+    #[error("PTRACE_INTERRUPT: errno {0}")]
+    Interrupt(i32),
 }
 
-impl std::fmt::Display for StopError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StopError::Gone => write!(f, "thread exited"),
-            StopError::Permission(s) | StopError::Busy(s) | StopError::Other(s) => f.write_str(s),
-            StopError::Timeout(d) => write!(f, "thread did not stop within {} ms", d.as_millis()),
-            StopError::StillStopping => write!(f, "thread still has not reached an earlier stop"),
-        }
-    }
+/// A stopped thread's registers could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{request}: {source}")]
+pub struct RegsError {
+    pub request: &'static str,
+    pub source: std::io::Error,
 }
 
 /// How often a refused `PTRACE_SEIZE` of a thread that looks alive is tried
@@ -213,10 +221,8 @@ impl Tracer {
         }
         match tracer_pid(self.pid, tid) {
             None => StopError::Gone,
-            Some(t) if t != 0 => StopError::Busy(format!("thread is already traced by pid {t}")),
-            Some(_) => StopError::Permission(
-                "permission denied by ptrace (run as root, or as the target's user with kernel.yama.ptrace_scope=0, or grant CAP_SYS_PTRACE)".into(),
-            ),
+            Some(t) if t != 0 => StopError::Busy(t),
+            Some(_) => StopError::Permission,
         }
     }
 
@@ -239,16 +245,13 @@ impl Tracer {
             let error = match errno() {
                 libc::ESRCH => StopError::Gone,
                 libc::EPERM => self.seize_denied(tid),
-                e => StopError::Other(format!(
-                    "PTRACE_SEIZE: {}",
-                    std::io::Error::from_raw_os_error(e)
-                )),
+                e => StopError::Seize(e),
             };
             // While another thread executes a program, the main thread's id
             // names the exiting main thread (which refuses to be traced),
             // then the executing thread (which is alive): a refusal that
             // does not last is that, not a lack of privilege.
-            if matches!(error, StopError::Permission(_)) && denials < PERMISSION_RETRIES {
+            if matches!(error, StopError::Permission) && denials < PERMISSION_RETRIES {
                 denials += 1;
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
@@ -265,7 +268,7 @@ impl Tracer {
             // Still seized: keep it on the list so it is released if it
             // ever stops (and by the kernel when we exit otherwise).
             self.pending.push((tid, Pending::Stopping));
-            return Err(StopError::Other(format!("PTRACE_INTERRUPT: errno {e}")));
+            return Err(StopError::Interrupt(e));
         }
         let deadline = interrupted_at + self.timeout;
         match wait_stop(tid, deadline, true).map(classify) {
@@ -314,7 +317,7 @@ impl Drop for Tracer {
 impl Stopped<'_> {
     /// The thread pointer (`fs_base` on x86-64).
     #[cfg(target_arch = "x86_64")]
-    pub fn thread_pointer(&self) -> Result<u64, String> {
+    pub fn thread_pointer(&self) -> Result<u64, RegsError> {
         // SAFETY: user_regs_struct is plain data; zeroed is a valid value.
         let mut regs: libc::user_regs_struct = unsafe { std::mem::zeroed() };
         if ptrace(
@@ -324,17 +327,17 @@ impl Stopped<'_> {
             &mut regs as *mut _ as usize,
         ) != 0
         {
-            return Err(format!(
-                "PTRACE_GETREGS: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(RegsError {
+                request: "PTRACE_GETREGS",
+                source: std::io::Error::last_os_error(),
+            });
         }
         Ok(regs.fs_base)
     }
 
     /// The thread pointer (`tpidr_el0` on arm64, regset `NT_ARM_TLS`).
     #[cfg(target_arch = "aarch64")]
-    pub fn thread_pointer(&self) -> Result<u64, String> {
+    pub fn thread_pointer(&self) -> Result<u64, RegsError> {
         const NT_ARM_TLS: usize = 0x401;
         let mut tpidr = 0u64;
         let mut iov = libc::iovec {
@@ -348,10 +351,10 @@ impl Stopped<'_> {
             &mut iov as *mut _ as usize,
         ) != 0
         {
-            return Err(format!(
-                "PTRACE_GETREGSET(NT_ARM_TLS): {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(RegsError {
+                request: "PTRACE_GETREGSET(NT_ARM_TLS)",
+                source: std::io::Error::last_os_error(),
+            });
         }
         Ok(tpidr)
     }

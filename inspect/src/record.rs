@@ -1,45 +1,58 @@
 //! The OTEP 4947 Thread-Local Context Record, as a reader sees it.
 
-use crate::memory::Memory;
+use opentelemetry::trace::{SpanId, TraceFlags, TraceId};
+use otel_thread_ctx_abi::attrs;
+use otel_thread_ctx_abi::record::{
+    ATTRS_CAPACITY, OFFSET_ATTRS_DATA_SIZE, OFFSET_SPAN_ID, OFFSET_TRACE_FLAGS, OFFSET_TRACE_ID,
+    OFFSET_VALID, VALID,
+};
+pub use otel_thread_ctx_abi::record::{HEADER_SIZE, RECORD_SIZE};
 
-/// Bytes of the fixed header: ids, valid, flags, attrs_data_size.
-pub const HEADER_SIZE: usize = 28;
-/// Largest `attrs_data` a reader accepts: a 640-byte record minus its header.
-pub const MAX_ATTRS_DATA: usize = 640 - HEADER_SIZE;
+use crate::memory::{Memory, MemoryError};
 
-/// The decoded 28-byte header.
+/// Largest `attrs_data` a reader accepts: a whole record minus its header.
+pub const MAX_ATTRS_DATA: usize = ATTRS_CAPACITY;
+
+/// The decoded record header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
-    pub trace_id: [u8; 16],
-    pub span_id: [u8; 8],
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
     /// 1 = valid; any other value means "ignore this record".
     pub valid: u8,
-    pub trace_flags: u8,
+    pub trace_flags: TraceFlags,
     pub attrs_data_size: u16,
+}
+
+/// The `N` bytes of `b` at `offset`.
+fn bytes_at<const N: usize>(b: &[u8], offset: usize) -> [u8; N] {
+    b[offset..offset + N]
+        .try_into()
+        .expect("the field lies inside the header")
 }
 
 impl Header {
     /// Decodes the header bytes (host endianness for the size field).
     pub fn parse(b: &[u8; HEADER_SIZE]) -> Header {
         Header {
-            trace_id: b[0..16].try_into().unwrap(),
-            span_id: b[16..24].try_into().unwrap(),
-            valid: b[24],
-            trace_flags: b[25],
-            attrs_data_size: u16::from_ne_bytes([b[26], b[27]]),
+            trace_id: TraceId::from_bytes(bytes_at(b, OFFSET_TRACE_ID)),
+            span_id: SpanId::from_bytes(bytes_at(b, OFFSET_SPAN_ID)),
+            valid: b[OFFSET_VALID],
+            trace_flags: TraceFlags::new(b[OFFSET_TRACE_FLAGS]),
+            attrs_data_size: u16::from_ne_bytes(bytes_at(b, OFFSET_ATTRS_DATA_SIZE)),
         }
     }
 
     /// True when the writer marked the record valid (valid byte is exactly 1).
     pub fn is_valid(&self) -> bool {
-        self.valid == 1
+        self.valid == VALID
     }
 
     /// Which ids are all zero. W3C Trace Context makes such an id invalid, so
     /// a record marked valid that carries one names no span.
     pub fn zero_ids(&self) -> Option<ZeroIds> {
-        let trace = self.trace_id.iter().all(|&b| b == 0);
-        let span = self.span_id.iter().all(|&b| b == 0);
+        let trace = self.trace_id == TraceId::INVALID;
+        let span = self.span_id == SpanId::INVALID;
         match (trace, span) {
             (true, true) => Some(ZeroIds::Both),
             (true, false) => Some(ZeroIds::Trace),
@@ -81,29 +94,39 @@ pub struct Record {
     pub attrs_data: Vec<u8>,
 }
 
+/// Why a record could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    #[error("record pointer {0:#x} is not 2-byte aligned")]
+    Misaligned(u64),
+    #[error("record header: {0}")]
+    Header(#[source] MemoryError),
+    #[error("attrs_data_size {0} exceeds the {MAX_ATTRS_DATA}-byte limit")]
+    AttrsTooLarge(usize),
+    #[error("attrs_data: {0}")]
+    AttrsData(#[source] MemoryError),
+}
+
 /// Reads the record at `address` the way the specification describes: the
 /// header first, then `attrs_data_size` bytes only if the record is valid
 /// (and only when `with_attrs`). Bounded: never more than 640 bytes.
-pub fn read(mem: &dyn Memory, address: u64, with_attrs: bool) -> Result<Record, String> {
+pub fn read(mem: &dyn Memory, address: u64, with_attrs: bool) -> Result<Record, ReadError> {
     if !address.is_multiple_of(2) {
-        return Err(format!("record pointer {address:#x} is not 2-byte aligned"));
+        return Err(ReadError::Misaligned(address));
     }
     let mut b = [0u8; HEADER_SIZE];
-    mem.read(address, &mut b)
-        .map_err(|e| format!("record header: {e}"))?;
+    mem.read(address, &mut b).map_err(ReadError::Header)?;
     let header = Header::parse(&b);
     let mut attrs_data = Vec::new();
     if header.is_valid() {
         let size = header.attrs_data_size as usize;
         if size > MAX_ATTRS_DATA {
-            return Err(format!(
-                "attrs_data_size {size} exceeds the {MAX_ATTRS_DATA}-byte limit"
-            ));
+            return Err(ReadError::AttrsTooLarge(size));
         }
         if with_attrs && size > 0 {
             attrs_data.resize(size, 0);
             mem.read(address + HEADER_SIZE as u64, &mut attrs_data)
-                .map_err(|e| format!("attrs_data: {e}"))?;
+                .map_err(ReadError::AttrsData)?;
         }
     }
     Ok(Record {
@@ -130,27 +153,23 @@ pub struct Attributes {
     pub trailing_bytes: usize,
 }
 
-/// Splits `data` into `{u8 key_index; u8 len; u8 value[len]}` entries,
-/// stopping at the first incomplete one.
+/// Splits `data` into entries with the ABI's codec, stopping at the first
+/// incomplete one.
 pub fn decode_attributes(data: &[u8]) -> Attributes {
     let mut out = Attributes::default();
-    let mut rest = data;
-    while rest.len() >= 2 && rest.len() >= 2 + rest[1] as usize {
-        let (key_index, len) = (rest[0], rest[1] as usize);
-        let value = rest[2..2 + len].to_vec();
-        match out.entries.iter_mut().find(|e| e.key_index == key_index) {
-            Some(e) => e.value = value,
-            None => out.entries.push(Attribute { key_index, value }),
+    for entry in attrs::entries(data) {
+        match entry {
+            Ok(attrs::Entry { key_index, value }) => {
+                let value = value.to_vec();
+                match out.entries.iter_mut().find(|e| e.key_index == key_index) {
+                    Some(e) => e.value = value,
+                    None => out.entries.push(Attribute { key_index, value }),
+                }
+            }
+            Err(truncated) => out.trailing_bytes = truncated.available,
         }
-        rest = &rest[2 + len..];
     }
-    out.trailing_bytes = rest.len();
     out
-}
-
-/// Lowercase hex of `bytes`, as W3C trace context writes ids.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -174,9 +193,12 @@ mod tests {
         mem.put(0x1000, &record_bytes(1, &attrs, attrs.len() as u16));
         let r = read(&mem, 0x1000, true).unwrap();
         assert!(r.header.is_valid());
-        assert_eq!(hex(&r.header.trace_id), "0102030405060708090a0b0c0d0e0f10");
-        assert_eq!(hex(&r.header.span_id), "1112131415161718");
-        assert_eq!(r.header.trace_flags, 1);
+        assert_eq!(
+            r.header.trace_id.to_string(),
+            "0102030405060708090a0b0c0d0e0f10"
+        );
+        assert_eq!(r.header.span_id.to_string(), "1112131415161718");
+        assert_eq!(r.header.trace_flags, TraceFlags::SAMPLED);
         assert_eq!(r.attrs_data, attrs);
     }
 
@@ -186,12 +208,12 @@ mod tests {
         assert!(h.names_a_span());
         assert_eq!(h.zero_ids(), None);
         let span = h.span_id;
-        h.trace_id = [0; 16];
+        h.trace_id = TraceId::INVALID;
         assert_eq!(h.zero_ids(), Some(ZeroIds::Trace));
         assert!(h.is_valid() && !h.names_a_span());
-        h.span_id = [0; 8];
+        h.span_id = SpanId::INVALID;
         assert_eq!(h.zero_ids(), Some(ZeroIds::Both));
-        h.trace_id = [0xff; 16];
+        h.trace_id = TraceId::from_bytes([0xff; 16]);
         assert_eq!(h.zero_ids(), Some(ZeroIds::Span));
         h.span_id = span;
         h.valid = 2;
@@ -212,12 +234,21 @@ mod tests {
     fn garbage_is_an_error() {
         let mem = FakeMemory::default();
         mem.put(0x1000, &record_bytes(1, &[], 613));
-        assert!(read(&mem, 0x1000, true).unwrap_err().contains("exceeds"));
-        assert!(read(&mem, 0x1001, true).unwrap_err().contains("aligned"));
+        assert!(read(&mem, 0x1000, true)
+            .unwrap_err()
+            .to_string()
+            .contains("exceeds"));
+        assert!(read(&mem, 0x1001, true)
+            .unwrap_err()
+            .to_string()
+            .contains("aligned"));
         assert!(read(&mem, 0x5000, true).is_err());
         // Valid record whose attrs run into unmapped memory.
         mem.put(0x2000, &record_bytes(1, &[0, 1], 100));
-        assert!(read(&mem, 0x2000, true).unwrap_err().contains("attrs_data"));
+        assert!(read(&mem, 0x2000, true)
+            .unwrap_err()
+            .to_string()
+            .contains("attrs_data"));
     }
 
     #[test]

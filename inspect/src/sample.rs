@@ -5,14 +5,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use opentelemetry::trace::{SpanId, TraceId};
 use serde::Serialize;
 
+use crate::error::Fatal;
 use crate::ptrace::Tracer;
-use crate::record;
 use crate::signals;
-use crate::target::{Fatal, Target};
+use crate::target::Target;
 use crate::thread::{self, Outcome};
-use crate::tls::{self, Resolution};
+use crate::tls::{self, Resolution, TlsError};
 
 /// Layout version of the JSON summary.
 pub const SCHEMA: &str = "otel-thread-ctx.sample/v1";
@@ -140,7 +141,7 @@ struct Tally {
     zero_ids: u64,
     errors: u64,
     late_stops: u64,
-    spans: HashMap<([u8; 16], [u8; 8]), u64>,
+    spans: HashMap<(TraceId, SpanId), u64>,
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -167,18 +168,31 @@ fn sleep_until(t: Instant) {
     }
 }
 
+/// Why the process publishes no readable thread context (exit status 1).
+#[derive(Debug, thiserror::Error)]
+pub enum Unpublished {
+    #[error("no module defines otel_thread_ctx_v1")]
+    NoModule,
+    #[error("cannot resolve otel_thread_ctx_v1 in {module}: {source}")]
+    Unresolvable {
+        module: String,
+        #[source]
+        source: TlsError,
+    },
+}
+
 /// The thread context of the program the process runs, or why it has none.
-fn resolve(target: &Target) -> Result<Resolution, String> {
+fn resolve(target: &Target) -> Result<Resolution, Unpublished> {
     let Some(module) = &target.module else {
-        return Err("no module defines otel_thread_ctx_v1".into());
+        return Err(Unpublished::NoModule);
     };
     match target.resolution.clone() {
         Some(Ok(r)) => Ok(r),
-        Some(Err(e)) => Err(format!(
-            "cannot resolve otel_thread_ctx_v1 in {}: {e}",
-            module.path
-        )),
-        None => Err("no module defines otel_thread_ctx_v1".into()),
+        Some(Err(source)) => Err(Unpublished::Unresolvable {
+            module: module.path.clone(),
+            source,
+        }),
+        None => Err(Unpublished::NoModule),
     }
 }
 
@@ -219,7 +233,7 @@ fn advance(next: &mut Instant, period: Duration) -> u64 {
 pub fn run(
     opts: &Options,
     mut raw: Option<&mut dyn Write>,
-) -> Result<Result<Summary, String>, Fatal> {
+) -> Result<Result<Summary, Unpublished>, Fatal> {
     let target = Target::open(opts.pid)?;
     let resolution = match resolve(&target) {
         Ok(r) => r,
@@ -256,8 +270,8 @@ pub fn run(
                 let exec = execs.last_mut().expect("an exec started the search");
                 exec.executable = executable(opts.pid);
                 match Target::open(opts.pid)
-                    .map_err(|Fatal(e)| e)
-                    .and_then(|t| resolve(&t).map(|r| (t, r)))
+                    .map_err(|e| e.to_string())
+                    .and_then(|t| resolve(&t).map(|r| (t, r)).map_err(|e| e.to_string()))
                 {
                     Ok((t, r)) => {
                         exec.resolution_path = Some(r.path);
@@ -303,7 +317,7 @@ pub fn run(
                     target_exited = true;
                     break 'run;
                 }
-                Err(e) => return Err(Fatal(e)),
+                Err(e) => return Err(Fatal::Denied(e)),
             };
             match read.outcome {
                 Outcome::Gone => continue,
@@ -355,6 +369,7 @@ pub fn run(
                 problem: None,
             };
             let zero_ids;
+            let error;
             match &read.outcome {
                 Outcome::Record(r) if r.header.names_a_span() => {
                     *tally
@@ -362,9 +377,9 @@ pub fn run(
                         .entry((r.header.trace_id, r.header.span_id))
                         .or_default() += 1;
                     line.valid = true;
-                    line.trace_id = Some(record::hex(&r.header.trace_id));
-                    line.span_id = Some(record::hex(&r.header.span_id));
-                    line.trace_flags = Some(r.header.trace_flags);
+                    line.trace_id = Some(r.header.trace_id.to_string());
+                    line.span_id = Some(r.header.span_id.to_string());
+                    line.trace_flags = Some(r.header.trace_flags.to_u8());
                 }
                 Outcome::Record(r) if r.header.is_valid() => {
                     // Marked valid, but an all-zero id names no span.
@@ -376,7 +391,8 @@ pub fn run(
                 Outcome::Record(_) | Outcome::NoRecord(_) => tally.idle += 1,
                 Outcome::Error(e) => {
                     tally.errors += 1;
-                    line.error = Some(e);
+                    error = e.to_string();
+                    line.error = Some(&error);
                 }
                 Outcome::Gone | Outcome::AddressSpaceGone => unreachable!(),
             }
@@ -409,8 +425,8 @@ pub fn run(
                 .spans
                 .into_iter()
                 .map(|((trace, span), n)| SpanShare {
-                    trace_id: record::hex(&trace),
-                    span_id: record::hex(&span),
+                    trace_id: trace.to_string(),
+                    span_id: span.to_string(),
                     samples: n,
                     share: n as f64 / t.samples as f64,
                 })

@@ -2,16 +2,55 @@
 //! and the module-wide TLS resolution. Nothing here stops a thread.
 
 use std::fs;
-use std::io::ErrorKind;
+use std::io::{self, ErrorKind};
 
 use crate::discovery::{self, DefiningModule, Discovery};
 use crate::maps::{self, Mapping};
 use crate::memory::{Memory, OpenError, ProcessMemory};
-use crate::tls::{self, Resolution};
+use crate::tls::{self, Resolution, TlsError};
 
-/// A usage or permission failure: the command exits with status 2.
-#[derive(Debug)]
-pub struct Fatal(pub String);
+/// Why the target cannot be examined at all (a usage or permission failure).
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("invalid pid {0}")]
+    InvalidPid(i32),
+    #[error("refusing to inspect the reader's own process")]
+    OwnProcess,
+    #[error("no such process: {0}")]
+    NoSuchProcess(i32),
+    #[error("{pid} is a thread of process {tgid}; pass the process id")]
+    NotAProcess { pid: i32, tgid: i32 },
+    #[error("no such process: {0} (it exited)")]
+    Exited(i32),
+    #[error("process {0} kept executing new programs while it was examined")]
+    KeptExecuting(i32),
+    #[error("permission denied reading /proc/{pid}/maps (run as root or as the target's user)")]
+    MapsDenied {
+        pid: i32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read /proc/{pid}/maps: {source}")]
+    Maps {
+        pid: i32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("permission denied reading the memory of {pid} (run as root, or as the target's user with kernel.yama.ptrace_scope=0, or grant CAP_SYS_PTRACE): {source}")]
+    MemoryDenied {
+        pid: i32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot open the memory of {pid}: {source}")]
+    Memory {
+        pid: i32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("process {0} has no memory mappings (a zombie or kernel thread)")]
+    NoMappings(i32),
+}
 
 /// What the reader knows about the target before touching any thread.
 pub struct Target {
@@ -21,29 +60,27 @@ pub struct Target {
     /// The module whose variable is read (the first definition).
     pub module: Option<DefiningModule>,
     /// How each thread's variable is found, or why it cannot be.
-    pub resolution: Option<Result<Resolution, String>>,
+    pub resolution: Option<Result<Resolution, TlsError>>,
 }
 
 impl Target {
     /// Inspects `pid`'s mappings and modules.
-    pub fn open(pid: i32) -> Result<Target, Fatal> {
+    pub fn open(pid: i32) -> Result<Target, TargetError> {
         if pid <= 0 {
-            return Err(Fatal(format!("invalid pid {pid}")));
+            return Err(TargetError::InvalidPid(pid));
         }
         // SAFETY: getpid has no preconditions.
         if pid == unsafe { libc::getpid() } {
-            return Err(Fatal("refusing to inspect the reader's own process".into()));
+            return Err(TargetError::OwnProcess);
         }
         let status = fs::read_to_string(format!("/proc/{pid}/status"))
-            .map_err(|_| Fatal(format!("no such process: {pid}")))?;
+            .map_err(|_| TargetError::NoSuchProcess(pid))?;
         let tgid = status
             .lines()
             .find_map(|l| l.strip_prefix("Tgid:"))
             .and_then(|v| v.trim().parse::<i32>().ok());
         if let Some(tgid) = tgid.filter(|&t| t != pid) {
-            return Err(Fatal(format!(
-                "{pid} is a thread of process {tgid}; pass the process id"
-            )));
+            return Err(TargetError::NotAProcess { pid, tgid });
         }
         // The memory file is opened before the mappings are read and checked
         // after everything is resolved: a process that executes a new program
@@ -72,11 +109,9 @@ impl Target {
             });
         }
         if crate::thread::process_exited(pid) {
-            return Err(Fatal(format!("no such process: {pid} (it exited)")));
+            return Err(TargetError::Exited(pid));
         }
-        Err(Fatal(format!(
-            "process {pid} kept executing new programs while it was examined"
-        )))
+        Err(TargetError::KeptExecuting(pid))
     }
 }
 
@@ -87,13 +122,11 @@ const OPEN_ATTEMPTS: usize = 5;
 /// Opens the memory of `pid` through a thread that still has it. A main
 /// thread that called pthread_exit is a zombie without an address space;
 /// any live thread of the process shows the same one.
-pub(crate) fn open_memory(pid: i32) -> Result<(i32, ProcessMemory), Fatal> {
-    let maps = maps::read(pid).map_err(|e| match e.kind() {
-        ErrorKind::NotFound => Fatal(format!("no such process: {pid}")),
-        ErrorKind::PermissionDenied => Fatal(format!(
-            "permission denied reading /proc/{pid}/maps (run as root or as the target's user)"
-        )),
-        _ => Fatal(format!("cannot read /proc/{pid}/maps: {e}")),
+pub(crate) fn open_memory(pid: i32) -> Result<(i32, ProcessMemory), TargetError> {
+    let maps = maps::read(pid).map_err(|source| match source.kind() {
+        ErrorKind::NotFound => TargetError::NoSuchProcess(pid),
+        ErrorKind::PermissionDenied => TargetError::MapsDenied { pid, source },
+        _ => TargetError::Maps { pid, source },
     })?;
     let candidates = if maps.is_empty() {
         crate::thread::list(pid)
@@ -104,17 +137,11 @@ pub(crate) fn open_memory(pid: i32) -> Result<(i32, ProcessMemory), Fatal> {
         match ProcessMemory::open(pid, tid) {
             Ok(memory) if !memory.ended() => return Ok((tid, memory)),
             Ok(_) | Err(OpenError::Gone) => continue,
-            Err(OpenError::PermissionDenied(e)) => {
-                return Err(Fatal(format!(
-                    "permission denied reading the memory of {pid} (run as root, or as the target's user with kernel.yama.ptrace_scope=0, or grant CAP_SYS_PTRACE): {e}"
-                )))
+            Err(OpenError::PermissionDenied(source)) => {
+                return Err(TargetError::MemoryDenied { pid, source })
             }
-            Err(OpenError::Other(e)) => {
-                return Err(Fatal(format!("cannot open the memory of {pid}: {e}")))
-            }
+            Err(OpenError::Other(source)) => return Err(TargetError::Memory { pid, source }),
         }
     }
-    Err(Fatal(format!(
-        "process {pid} has no memory mappings (a zombie or kernel thread)"
-    )))
+    Err(TargetError::NoMappings(pid))
 }

@@ -3,13 +3,28 @@
 
 use std::fs;
 
-use crate::memory::Memory;
-use crate::ptrace::{StopError, StopTimes, Tracer};
+use crate::memory::{Memory, MemoryError};
+use crate::ptrace::{RegsError, StopError, StopTimes, Tracer};
 use crate::record::{self, Record};
-use crate::tls::{self, Abi, Location, Plan};
+use crate::tls::{self, Abi, Location, Plan, TlsError};
+
+/// Why one thread's context could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("cannot stop the thread: {0}")]
+    Stop(#[source] StopError),
+    #[error(transparent)]
+    ThreadPointer(#[from] RegsError),
+    #[error(transparent)]
+    Locate(#[from] TlsError),
+    #[error("otel_thread_ctx_v1: {0}")]
+    Variable(#[source] MemoryError),
+    #[error(transparent)]
+    Record(#[from] record::ReadError),
+}
 
 /// What was found behind one thread's `otel_thread_ctx_v1`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Outcome {
     /// The pointer is set and the record header (and attrs, if asked and
     /// valid) was read. Whether it is valid is in `record.header`.
@@ -17,7 +32,7 @@ pub enum Outcome {
     /// No record: the pointer is NULL, or the thread has no TLS block yet.
     NoRecord(String),
     /// Something was unreadable or malformed.
-    Error(String),
+    Error(ReadError),
     /// The thread exited before it could be read.
     Gone,
     /// The address space the plan was made for is gone: the process
@@ -27,7 +42,7 @@ pub enum Outcome {
 }
 
 /// One read of one thread.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ThreadRead {
     /// CLOCK_MONOTONIC nanoseconds at which the thread was held stopped.
     pub t_ns: u64,
@@ -55,7 +70,7 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// Reads `tid`'s context while it is stopped. Returns `Err` only for a
-/// permission failure, which makes every further attempt pointless. A
+/// permission failure ([`StopError::Permission`]), which makes every further attempt pointless. A
 /// thread that exits before or while it is read is `Outcome::Gone`, even
 /// when the failure showed up as an error of ptrace or of a memory read.
 /// A read that fails because `mem`'s address space is gone (the process
@@ -67,7 +82,7 @@ pub fn read(
     mem: &dyn Memory,
     abi: &Abi,
     with_attrs: bool,
-) -> Result<ThreadRead, String> {
+) -> Result<ThreadRead, StopError> {
     let mut out = ThreadRead {
         t_ns: 0,
         thread_pointer: None,
@@ -81,18 +96,18 @@ pub fn read(
     let stopped = match tracer.stop(tid) {
         Ok(s) => s,
         Err(StopError::Gone) => return Ok(out),
-        Err(StopError::Permission(e)) => return Err(e),
+        Err(e @ StopError::Permission) => return Err(e),
         Err(_) if exited(pid, tid) => return Ok(out),
         Err(e) => {
             out.late_stop = matches!(e, StopError::Timeout(_) | StopError::StillStopping);
-            out.outcome = Outcome::Error(format!("cannot stop the thread: {e}"));
+            out.outcome = Outcome::Error(ReadError::Stop(e));
             return Ok(out);
         }
     };
     out.t_ns = monotonic_ns();
     // Everything below runs while the thread is stopped; the guard detaches
     // it on every return path.
-    out.outcome = (|| {
+    out.outcome = (|| -> Result<Outcome, ReadError> {
         let tp = stopped.thread_pointer()?;
         out.thread_pointer = Some(tp);
         let var = match tls::locate(plan, tp, mem, abi)? {
@@ -100,14 +115,12 @@ pub fn read(
             Location::Unallocated(why) => return Ok(Outcome::NoRecord(why)),
         };
         out.variable = Some(var);
-        let ptr = mem
-            .read_u64(var)
-            .map_err(|e| format!("otel_thread_ctx_v1: {e}"))?;
+        let ptr = mem.read_u64(var).map_err(ReadError::Variable)?;
         out.pointer = Some(ptr);
         if ptr == 0 {
             return Ok(Outcome::NoRecord("otel_thread_ctx_v1 is NULL".into()));
         }
-        record::read(mem, ptr, with_attrs).map(Outcome::Record)
+        Ok(Outcome::Record(record::read(mem, ptr, with_attrs)?))
     })()
     .unwrap_or_else(Outcome::Error);
     let failed = matches!(out.outcome, Outcome::Error(_));

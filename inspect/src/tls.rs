@@ -13,7 +13,7 @@
 
 use crate::discovery::DefiningModule;
 use crate::elf::AccessModel;
-use crate::memory::Memory;
+use crate::memory::{Memory, MemoryError};
 
 /// Where the TLS blocks sit relative to the thread pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,16 +97,55 @@ pub struct Resolution {
     pub got_address: Option<u64>,
 }
 
+/// Why the variable cannot be found, module-wide or in one thread.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TlsError {
+    #[error("GOT slot: {0}")]
+    GotSlot(#[source] MemoryError),
+    #[error("TLSDESC descriptor at {0:#x} is not relocated yet")]
+    DescriptorUnrelocated(u64),
+    #[error("descriptor at {got:#x}: unrecognised resolver {resolver:#x} with argument {arg:#x} (neither the static-TLS stub nor a tls_index for offset {value:#x}; a lazily bound or non-glibc descriptor)")]
+    UnknownResolver {
+        got: u64,
+        resolver: u64,
+        arg: u64,
+        value: u64,
+    },
+    #[error("tls_index at {got:#x} holds module id {module_id}: not relocated or garbage")]
+    BadModuleId { got: u64, module_id: u64 },
+    #[error("thread-pointer offset {0:#x} is implausible (not relocated yet, or garbage)")]
+    ImplausibleOffset(i64),
+    #[error("the executable has no PT_TLS segment")]
+    NoTlsSegment,
+    #[error("the module reaches the variable with the local-dynamic model, which OTEP 4947 does not support")]
+    LocalDynamic,
+    #[error("no TLS relocation in the module references otel_thread_ctx_v1, so its TLS offset cannot be found")]
+    Unreferenced,
+    #[error("DTV pointer: {0}")]
+    DtvPointer(#[source] MemoryError),
+    #[error("thread has no DTV")]
+    NoDtv,
+    #[error("DTV length: {0}")]
+    DtvLength(#[source] MemoryError),
+    #[error("DTV at {dtv:#x} claims {len} slots: garbage")]
+    DtvGarbage { dtv: u64, len: u64 },
+    #[error("DTV entry: {0}")]
+    DtvEntry(#[source] MemoryError),
+}
+
 /// Decides how to find the variable in every thread of the process. Reads
 /// only process-wide memory (the GOT, the resolver code), so no thread needs
 /// to be stopped.
-pub fn resolve(module: &DefiningModule, mem: &dyn Memory, abi: &Abi) -> Result<Resolution, String> {
+pub fn resolve(
+    module: &DefiningModule,
+    mem: &dyn Memory,
+    abi: &Abi,
+) -> Result<Resolution, TlsError> {
     let def = &module.definition;
     let got_address = module.model.got().map(|g| module.bias.wrapping_add(g));
-    let read_pair = |addr: u64| -> Result<(u64, u64), String> {
+    let read_pair = |addr: u64| -> Result<(u64, u64), TlsError> {
         let mut b = [0u8; 16];
-        mem.read(addr, &mut b)
-            .map_err(|e| format!("GOT slot: {e}"))?;
+        mem.read(addr, &mut b).map_err(TlsError::GotSlot)?;
         Ok((
             u64::from_ne_bytes(b[..8].try_into().unwrap()),
             u64::from_ne_bytes(b[8..].try_into().unwrap()),
@@ -117,7 +156,7 @@ pub fn resolve(module: &DefiningModule, mem: &dyn Memory, abi: &Abi) -> Result<R
             let got = got_address.unwrap();
             let (resolver, arg) = read_pair(got)?;
             if resolver == 0 {
-                return Err(format!("TLSDESC descriptor at {got:#x} is not relocated yet"));
+                return Err(TlsError::DescriptorUnrelocated(got));
             }
             if is_static_resolver(mem, abi, resolver) {
                 let tp_offset = plausible_offset(arg, abi)?;
@@ -138,10 +177,12 @@ pub fn resolve(module: &DefiningModule, mem: &dyn Memory, abi: &Abi) -> Result<R
                         ),
                     ),
                     _ => {
-                        return Err(format!(
-                            "descriptor at {got:#x}: unrecognised resolver {resolver:#x} with argument {arg:#x} (neither the static-TLS stub nor a tls_index for offset {:#x}; a lazily bound or non-glibc descriptor)",
-                            def.value
-                        ))
+                        return Err(TlsError::UnknownResolver {
+                            got,
+                            resolver,
+                            arg,
+                            value: def.value,
+                        })
                     }
                 }
             }
@@ -150,7 +191,7 @@ pub fn resolve(module: &DefiningModule, mem: &dyn Memory, abi: &Abi) -> Result<R
             let got = got_address.unwrap();
             let (module_id, offset) = read_pair(got)?;
             if !(1..MAX_DTV_LEN).contains(&module_id) {
-                return Err(format!("tls_index at {got:#x} holds module id {module_id}: not relocated or garbage"));
+                return Err(TlsError::BadModuleId { got, module_id });
             }
             (
                 Plan::Dtv { module_id, offset },
@@ -160,12 +201,16 @@ pub fn resolve(module: &DefiningModule, mem: &dyn Memory, abi: &Abi) -> Result<R
         }
         AccessModel::InitialExec { .. } => {
             let got = got_address.unwrap();
-            let raw = mem.read_u64(got).map_err(|e| format!("GOT slot: {e}"))?;
+            let raw = mem.read_u64(got).map_err(TlsError::GotSlot)?;
             let tp_offset = plausible_offset(raw, abi)?;
-            (Plan::Static { tp_offset }, "initial-exec-static", format!("GOT slot {got:#x} (TPOFF64) holds offset {tp_offset}"))
+            (
+                Plan::Static { tp_offset },
+                "initial-exec-static",
+                format!("GOT slot {got:#x} (TPOFF64) holds offset {tp_offset}"),
+            )
         }
         AccessModel::LocalExec => {
-            let seg = def.tls_segment.ok_or("the executable has no PT_TLS segment")?;
+            let seg = def.tls_segment.ok_or(TlsError::NoTlsSegment)?;
             let tp_offset = executable_tp_offset(abi, seg.vaddr, seg.memsz, seg.align, def.value);
             (
                 Plan::Static { tp_offset },
@@ -178,12 +223,8 @@ pub fn resolve(module: &DefiningModule, mem: &dyn Memory, abi: &Abi) -> Result<R
                 ),
             )
         }
-        AccessModel::LocalDynamic { .. } => {
-            return Err("the module reaches the variable with the local-dynamic model, which OTEP 4947 does not support".into())
-        }
-        AccessModel::Unreferenced => {
-            return Err("no TLS relocation in the module references otel_thread_ctx_v1, so its TLS offset cannot be found".into())
-        }
+        AccessModel::LocalDynamic { .. } => return Err(TlsError::LocalDynamic),
+        AccessModel::Unreferenced => return Err(TlsError::Unreferenced),
     };
     Ok(Resolution {
         plan,
@@ -204,16 +245,14 @@ fn is_static_resolver(mem: &dyn Memory, abi: &Abi, resolver: u64) -> bool {
 /// TLS lies below the thread pointer (variant II) or past the TCB above it
 /// (variant I); anything else is a slot the dynamic linker has not relocated
 /// yet (a program that is still starting) or garbage.
-fn plausible_offset(raw: u64, abi: &Abi) -> Result<i64, String> {
+fn plausible_offset(raw: u64, abi: &Abi) -> Result<i64, TlsError> {
     let off = raw as i64;
     let on_the_tls_side = match abi.variant {
         Variant::II => off < 0,
         Variant::I { tcb_size } => off >= tcb_size as i64,
     };
     if off.unsigned_abs() >= MAX_TP_OFFSET || !on_the_tls_side {
-        return Err(format!(
-            "thread-pointer offset {off:#x} is implausible (not relocated yet, or garbage)"
-        ));
+        return Err(TlsError::ImplausibleOffset(off));
     }
     Ok(off)
 }
@@ -252,7 +291,7 @@ pub enum Location {
 
 /// Applies `plan` to the thread whose thread pointer is `tp`. Must be called
 /// while the thread is stopped: its DTV may be reallocated when it runs.
-pub fn locate(plan: &Plan, tp: u64, mem: &dyn Memory, abi: &Abi) -> Result<Location, String> {
+pub fn locate(plan: &Plan, tp: u64, mem: &dyn Memory, abi: &Abi) -> Result<Location, TlsError> {
     if tp == 0 {
         // Set by the C library at startup: a thread without one (a program
         // that has just been executed) has no TLS yet, so no record.
@@ -265,16 +304,16 @@ pub fn locate(plan: &Plan, tp: u64, mem: &dyn Memory, abi: &Abi) -> Result<Locat
         Plan::Dtv { module_id, offset } => {
             let dtv = mem
                 .read_u64(tp + abi.dtv_pointer_offset)
-                .map_err(|e| format!("DTV pointer: {e}"))?;
+                .map_err(TlsError::DtvPointer)?;
             if dtv == 0 {
-                return Err("thread has no DTV".into());
+                return Err(TlsError::NoDtv);
             }
             // dtv[-1] holds the number of slots, dtv[0] the generation.
             let len = mem
                 .read_u64(dtv.wrapping_sub(DTV_ENTRY_SIZE))
-                .map_err(|e| format!("DTV length: {e}"))?;
+                .map_err(TlsError::DtvLength)?;
             if len >= MAX_DTV_LEN {
-                return Err(format!("DTV at {dtv:#x} claims {len} slots: garbage"));
+                return Err(TlsError::DtvGarbage { dtv, len });
             }
             if module_id > len {
                 return Ok(Location::Unallocated(format!(
@@ -283,7 +322,7 @@ pub fn locate(plan: &Plan, tp: u64, mem: &dyn Memory, abi: &Abi) -> Result<Locat
             }
             let block = mem
                 .read_u64(dtv + module_id * DTV_ENTRY_SIZE)
-                .map_err(|e| format!("DTV entry: {e}"))?;
+                .map_err(TlsError::DtvEntry)?;
             if block == DTV_UNALLOCATED || block == 0 {
                 return Ok(Location::Unallocated(format!(
                     "DTV slot {module_id} is unallocated: the thread never touched the variable"
@@ -295,12 +334,12 @@ pub fn locate(plan: &Plan, tp: u64, mem: &dyn Memory, abi: &Abi) -> Result<Locat
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::elf::{LoadSegment, TlsDefinition, TlsSegment};
     use crate::memory::fake::FakeMemory;
 
-    fn module(model: AccessModel) -> DefiningModule {
+    pub(crate) fn module(model: AccessModel) -> DefiningModule {
         DefiningModule {
             path: "/lib/x.so".into(),
             is_executable: false,

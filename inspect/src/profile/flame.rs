@@ -46,20 +46,30 @@ fn micros(e: &Entry) -> u64 {
 pub fn folded(p: &Profile) -> Vec<String> {
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for e in &p.entries {
-        let mut stack = vec![
-            format!("{} ({})", e.thread_name.replace(';', ":"), e.tid),
-            span_label(e).replace(';', ":"),
-        ];
-        if p.off_cpu {
-            stack.push(if e.kind == Kind::OnCpu {
-                "[on-cpu]".into()
-            } else {
-                "[off-cpu]".into()
-            });
-        }
-        stack.extend(frames(e));
-        *lines.entry(stack.join(";")).or_default() += micros(e);
+        let root = format!("{} ({})", e.thread_name.replace(';', ":"), e.tid);
+        *lines.entry(stack(p, e, Some(root))).or_default() += micros(e);
     }
+    folded_lines(lines)
+}
+
+/// The folded stack of `e`: `root` (if any), the span, the on/off-CPU
+/// marker when the profile has both, then the frames, outermost first.
+fn stack(p: &Profile, e: &Entry, root: Option<String>) -> String {
+    let mut stack: Vec<String> = root.into_iter().collect();
+    stack.push(span_label(e).replace(';', ":"));
+    if p.off_cpu {
+        stack.push(if e.kind == Kind::OnCpu {
+            "[on-cpu]".into()
+        } else {
+            "[off-cpu]".into()
+        });
+    }
+    stack.extend(frames(e));
+    stack.join(";")
+}
+
+/// `stack value` lines, sorted by stack, without the empty ones.
+fn folded_lines(lines: BTreeMap<String, u64>) -> Vec<String> {
     lines
         .into_iter()
         .filter(|(_, v)| *v > 0)
@@ -86,16 +96,7 @@ pub fn per_trace(p: &Profile, limit: usize) -> Vec<Trace> {
             continue;
         };
         let (lines, routes) = traces.entry(trace_id).or_default();
-        let mut stack = vec![span_label(e).replace(';', ":")];
-        if p.off_cpu {
-            stack.push(if e.kind == Kind::OnCpu {
-                "[on-cpu]".into()
-            } else {
-                "[off-cpu]".into()
-            });
-        }
-        stack.extend(frames(e));
-        *lines.entry(stack.join(";")).or_default() += micros(e);
+        *lines.entry(stack(p, e, None)).or_default() += micros(e);
         if let Some(route) = e.attribute("http.route") {
             if !routes.iter().any(|r| r == route) {
                 routes.push(route.to_string());
@@ -105,7 +106,7 @@ pub fn per_trace(p: &Profile, limit: usize) -> Vec<Trace> {
     let mut out: Vec<Trace> = traces
         .into_iter()
         .map(|(id, (lines, routes))| {
-            let trace_id = crate::record::hex(&id);
+            let trace_id = opentelemetry::trace::TraceId::from_bytes(id).to_string();
             let mut title = format!("trace {trace_id}");
             if !routes.is_empty() {
                 title.push_str(&format!(" ({})", routes.join(", ")));
@@ -114,11 +115,7 @@ pub fn per_trace(p: &Profile, limit: usize) -> Vec<Trace> {
                 total_us: lines.values().sum(),
                 title,
                 trace_id,
-                lines: lines
-                    .into_iter()
-                    .filter(|(_, v)| *v > 0)
-                    .map(|(k, v)| format!("{k} {v}"))
-                    .collect(),
+                lines: folded_lines(lines),
             }
         })
         .collect();
@@ -131,8 +128,17 @@ pub fn per_trace(p: &Profile, limit: usize) -> Vec<Trace> {
     out
 }
 
+/// The flame graph could not be rendered.
+#[derive(Debug, thiserror::Error)]
+#[error("rendering the flame graph: {0}")]
+pub struct RenderError(#[source] std::io::Error);
+
 /// Renders folded lines as an SVG flame graph.
-pub fn svg(lines: &[String], title: &str, subtitle: Option<String>) -> Result<Vec<u8>, String> {
+pub fn svg(
+    lines: &[String],
+    title: &str,
+    subtitle: Option<String>,
+) -> Result<Vec<u8>, RenderError> {
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = title.to_string();
     opts.subtitle = subtitle;
@@ -145,7 +151,7 @@ pub fn svg(lines: &[String], title: &str, subtitle: Option<String>) -> Result<Ve
     } else {
         inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut out)
     }
-    .map_err(|e| format!("rendering the flame graph: {e}"))?;
+    .map_err(RenderError)?;
     Ok(out)
 }
 

@@ -3,8 +3,8 @@
 use serde_json::{json, Map, Value};
 
 use super::kernel::{Kind, RecordRead, Sample};
+use super::model::named_attributes;
 use super::symbolize::Names;
-use crate::record::{self, hex};
 
 /// The system call a kernel stack is in, from its `__x64_sys_<name>` frame.
 fn syscall(s: &Sample, names: &Names) -> Option<String> {
@@ -48,19 +48,12 @@ pub fn line(s: &Sample, key_map: &[String], names: &Names) -> String {
     let valid = s.record.valid();
     o.insert("valid".into(), json!(valid.is_some()));
     if let Some((h, attrs_data)) = valid {
-        o.insert("trace_id".into(), json!(hex(&h.trace_id)));
-        o.insert("span_id".into(), json!(hex(&h.span_id)));
-        o.insert("trace_flags".into(), json!(h.trace_flags));
-        let attrs: Map<String, Value> = record::decode_attributes(attrs_data)
-            .entries
+        o.insert("trace_id".into(), json!(h.trace_id.to_string()));
+        o.insert("span_id".into(), json!(h.span_id.to_string()));
+        o.insert("trace_flags".into(), json!(h.trace_flags.to_u8()));
+        let attrs: Map<String, Value> = named_attributes(attrs_data, key_map)
             .into_iter()
-            .map(|a| {
-                let key = key_map
-                    .get(a.key_index as usize)
-                    .cloned()
-                    .unwrap_or_else(|| format!("attr.{}", a.key_index));
-                (key, json!(String::from_utf8_lossy(&a.value)))
-            })
+            .map(|(key, value)| (key, Value::String(value)))
             .collect();
         o.insert("attributes".into(), Value::Object(attrs));
     }

@@ -2,12 +2,11 @@
 //! `bpf/profile.bpf.c` by build.rs when clang was there), attaches it, and
 //! decodes the samples it sends through its ring buffer.
 
-use crate::record::{self, Header, HEADER_SIZE};
+use crate::record::{self, Header, HEADER_SIZE, RECORD_SIZE};
 use crate::tls::Plan;
 
 /// Frames per stack the program copies (its `MAX_FRAMES`).
 pub const MAX_FRAMES: usize = 127;
-const RECORD_SIZE: usize = 640;
 
 /// Offsets of `struct sample` in profile.bpf.c.
 mod layout {
@@ -195,6 +194,31 @@ pub fn unavailable() -> Option<&'static str> {
 #[cfg(profile_bpf)]
 pub use loaded::Loaded;
 
+/// Why the BPF side could not be loaded or attached.
+#[derive(Debug, thiserror::Error)]
+#[error("{text}{}", if *.denied { " (profile needs root, or CAP_BPF and CAP_PERFMON)" } else { "" })]
+pub struct AttachError {
+    /// What failed, followed by its chain of causes.
+    text: String,
+    /// A cause in the chain is a refused system call (`EPERM`/`EACCES`).
+    denied: bool,
+}
+
+impl From<String> for AttachError {
+    fn from(text: String) -> Self {
+        AttachError {
+            text,
+            denied: false,
+        }
+    }
+}
+
+impl From<&str> for AttachError {
+    fn from(text: &str) -> Self {
+        text.to_string().into()
+    }
+}
+
 #[cfg(profile_bpf)]
 mod loaded {
     use std::os::fd::{AsFd, AsRawFd};
@@ -205,7 +229,7 @@ mod loaded {
     use aya::programs::{BtfTracePoint, PerfEvent};
     use aya::{Btf, Ebpf, EbpfLoader};
 
-    use super::{decode, Globals, Sample};
+    use super::{decode, AttachError, Globals, Sample};
 
     static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profile.bpf.o"));
 
@@ -227,7 +251,7 @@ mod loaded {
     impl Loaded {
         /// Loads the program for `globals`, attaches a perf event per online
         /// CPU at `hz`, and sched_switch when `off_cpu`.
-        pub fn attach(globals: &Globals, hz: u64, off_cpu: bool) -> Result<Loaded, String> {
+        pub fn attach(globals: &Globals, hz: u64, off_cpu: bool) -> Result<Loaded, AttachError> {
             let mut loader = EbpfLoader::new();
             loader
                 .override_global("target_tgid", &globals.tgid, true)
@@ -259,7 +283,9 @@ mod loaded {
             }
             if off_cpu {
                 let btf = Btf::from_sys_fs().map_err(|e| {
-                    format!("--off-cpu needs the kernel's BTF (/sys/kernel/btf/vmlinux): {e}")
+                    AttachError::from(format!(
+                        "--off-cpu needs the kernel's BTF (/sys/kernel/btf/vmlinux): {e}"
+                    ))
                 })?;
                 let prog: &mut BtfTracePoint = ebpf
                     .program_mut("off_cpu")
@@ -315,18 +341,18 @@ mod loaded {
         }
     }
 
-    /// Turns a permission failure into the advice a user needs.
-    fn explain(what: &str, e: &dyn std::error::Error) -> String {
-        let mut text = format!("{what}: {e}");
-        let mut source = e.source();
-        while let Some(s) = source {
-            text.push_str(&format!(": {s}"));
-            source = s.source();
+    /// Names the failed step with its chain of causes, and tells a refused
+    /// system call (decided by its errno) from other failures.
+    fn explain(what: &str, e: &(dyn std::error::Error + 'static)) -> AttachError {
+        let mut text = what.to_string();
+        let mut denied = false;
+        for cause in std::iter::successors(Some(e), |c| c.source()) {
+            text.push_str(&format!(": {cause}"));
+            denied |= cause
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(crate::error::is_permission_denied);
         }
-        if text.contains("Operation not permitted") || text.contains("Permission denied") {
-            text.push_str(" (profile needs root, or CAP_BPF and CAP_PERFMON)");
-        }
-        text
+        AttachError { text, denied }
     }
 }
 
@@ -396,7 +422,7 @@ mod tests {
         assert_eq!(s.user_stack, vec![0x10, 0x20]);
         assert_eq!(s.kernel_stack, vec![0xffff_0001]);
         let (h, a) = s.record.valid().unwrap();
-        assert_eq!(crate::record::hex(&h.span_id), "1112131415161718");
+        assert_eq!(h.span_id.to_string(), "1112131415161718");
         assert_eq!(a, attrs);
     }
 

@@ -27,8 +27,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use otel_thread_ctx_otlp::{AnyValue, KeyValue, Resource};
 
+use crate::error::Fatal;
 use crate::process_context::{self, Lookup};
-use crate::target::{Fatal, Target};
+use crate::target::Target;
 use crate::thread;
 
 /// Output formats.
@@ -109,17 +110,10 @@ fn process_context(
     maps: &[crate::maps::Mapping],
     memory: &dyn crate::memory::Memory,
 ) -> (Option<Resource>, Vec<String>) {
-    let key_map = match process_context::lookup(maps, memory) {
-        Lookup::Found(d) => d.attribute_key_map.clone().unwrap_or_default(),
-        _ => Vec::new(),
-    };
-    let resource = maps
-        .iter()
-        .filter(|m| process_context::MAPPING_NAMES.contains(&m.name()))
-        .find_map(|m| process_context::read_consistent(memory, m.start).ok())
-        .and_then(|(_, payload)| process_context::decode(&payload).ok())
-        .and_then(|ctx| ctx.resource);
-    (resource, key_map)
+    match process_context::lookup(maps, memory) {
+        Lookup::Found(d) => (d.resource, d.attribute_key_map.unwrap_or_default()),
+        _ => (None, Vec::new()),
+    }
 }
 
 /// Re-reads the process context of a live process; `None` when it is gone
@@ -131,17 +125,34 @@ fn current_process_context(pid: i32) -> Option<(Option<Resource>, Vec<String>)> 
     (found.0.is_some() || !found.1.is_empty()).then_some(found)
 }
 
+/// Why a profile could not be taken or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("this build has no kernel sampler: {0}. To get profile, install clang and libbpf's headers (Debian: apt-get install clang libbpf-dev), then rebuild (npm install, or cargo build --release)")]
+    NoSampler(&'static str),
+    #[error("profile loads BPF programs and opens a perf event on every CPU: run it as root, or with CAP_BPF and CAP_PERFMON (e.g. setcap cap_bpf,cap_perfmon+ep on the binary)")]
+    Unprivileged,
+    #[error(transparent)]
+    Attach(#[from] kernel::AttachError),
+    #[error("cannot write {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Send(#[from] otlp::SendError),
+    #[error(transparent)]
+    Render(#[from] flame::RenderError),
+}
+
 /// Runs the profile and writes its output.
 pub fn run(opts: &Options) -> Result<Report, Fatal> {
     if let Some(reason) = kernel::unavailable() {
-        return Err(Fatal(format!(
-            "this build has no kernel sampler: {reason}. To get profile, install clang and libbpf's headers (Debian: apt-get install clang libbpf-dev), then rebuild (npm install, or cargo build --release)"
-        )));
+        return Err(ProfileError::NoSampler(reason).into());
     }
     if !privileged() {
-        return Err(Fatal(
-            "profile loads BPF programs and opens a perf event on every CPU: run it as root, or with CAP_BPF and CAP_PERFMON (e.g. setcap cap_bpf,cap_perfmon+ep on the binary)".into(),
-        ));
+        return Err(ProfileError::Unprivileged.into());
     }
     let target = Target::open(opts.pid)?;
     let mut lines = Vec::new();
@@ -189,7 +200,8 @@ fn sample(
     mut lines: Vec<String>,
 ) -> Result<Report, Fatal> {
     let pid = opts.pid;
-    let mut loaded = kernel::Loaded::attach(&globals, opts.hz, opts.off_cpu).map_err(Fatal)?;
+    let mut loaded =
+        kernel::Loaded::attach(&globals, opts.hz, opts.off_cpu).map_err(ProfileError::from)?;
     let start_monotonic_ns = thread::monotonic_ns();
     let start_unix_ns = unix_now_ns();
     let started = Instant::now();
@@ -308,15 +320,17 @@ fn sample(
             text.push_str(&jsonl::line(s, &key_map, &names));
             text.push('\n');
         }
-        std::fs::write(&output, text)
-            .map_err(|e| Fatal(format!("cannot write {}: {e}", output.display())))?;
+        std::fs::write(&output, text).map_err(|source| ProfileError::Write {
+            path: output.clone(),
+            source,
+        })?;
         lines.push(format!("wrote {}", output.display()));
     } else {
         write(opts, &profile, &resource, &notes, &output, &mut lines)?;
     }
     if let Some(endpoint) = &opts.otlp_endpoint {
-        let status =
-            otlp::send(endpoint, &otlp::request(&profile, resource.clone())).map_err(Fatal)?;
+        let status = otlp::send(endpoint, &otlp::request(&profile, resource.clone()))
+            .map_err(ProfileError::from)?;
         lines.push(format!("sent OTLP profiles to {endpoint}: {status}"));
     }
     lines.extend(notes);
@@ -356,10 +370,12 @@ fn write(
     notes: &[String],
     output: &Path,
     lines: &mut Vec<String>,
-) -> Result<(), Fatal> {
+) -> Result<(), ProfileError> {
     let save = |path: &Path, bytes: &[u8]| {
-        std::fs::write(path, bytes)
-            .map_err(|e| Fatal(format!("cannot write {}: {e}", path.display())))
+        std::fs::write(path, bytes).map_err(|source| ProfileError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
     };
     match opts.format {
         Format::Pprof => {
@@ -384,9 +400,9 @@ fn write(
                 profile.hz,
                 profile.duration_ns as f64 / 1e9
             ));
-            let render = |lines: &[String], title: &str| -> Result<Vec<u8>, Fatal> {
+            let render = |lines: &[String], title: &str| -> Result<Vec<u8>, ProfileError> {
                 if opts.format == Format::Svg {
-                    flame::svg(lines, title, subtitle.clone()).map_err(Fatal)
+                    Ok(flame::svg(lines, title, subtitle.clone())?)
                 } else {
                     Ok(lines
                         .iter()

@@ -5,9 +5,12 @@ use std::collections::HashMap;
 
 use super::kernel::{Kind, Sample};
 use super::symbolize::{Frame, Names};
-use crate::record::{self, hex};
+use opentelemetry::trace::{SpanId, TraceId};
 
-/// The span a sample's record named.
+use crate::record;
+
+/// The span a sample's record named, as the W3C bytes of its ids (byte
+/// order is what orders the profile's output).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Span {
     pub trace_id: [u8; 16],
@@ -16,11 +19,28 @@ pub struct Span {
 
 impl Span {
     pub fn trace_hex(&self) -> String {
-        hex(&self.trace_id)
+        TraceId::from_bytes(self.trace_id).to_string()
     }
     pub fn span_hex(&self) -> String {
-        hex(&self.span_id)
+        SpanId::from_bytes(self.span_id).to_string()
     }
+}
+
+/// The attributes of `attrs_data` as (key, value) pairs: the key map's name
+/// for each key index (`attr.<index>` when it has none), values as UTF-8
+/// (invalid bytes replaced).
+pub fn named_attributes(attrs_data: &[u8], key_map: &[String]) -> Vec<(String, String)> {
+    record::decode_attributes(attrs_data)
+        .entries
+        .into_iter()
+        .map(|a| {
+            let key = key_map
+                .get(a.key_index as usize)
+                .cloned()
+                .unwrap_or_else(|| format!("attr.{}", a.key_index));
+            (key, String::from_utf8_lossy(&a.value).into_owned())
+        })
+        .collect()
 }
 
 /// What the thread was doing.
@@ -148,21 +168,11 @@ pub fn build(
     for s in samples {
         let (span, attributes) = match s.record.valid() {
             Some((h, attrs_data)) => {
-                let attrs = record::decode_attributes(attrs_data)
-                    .entries
-                    .into_iter()
-                    .map(|a| {
-                        let key = key_map
-                            .get(a.key_index as usize)
-                            .cloned()
-                            .unwrap_or_else(|| format!("attr.{}", a.key_index));
-                        (key, String::from_utf8_lossy(&a.value).into_owned())
-                    })
-                    .collect();
+                let attrs = named_attributes(attrs_data, key_map);
                 (
                     Some(Span {
-                        trace_id: h.trace_id,
-                        span_id: h.span_id,
+                        trace_id: h.trace_id.to_bytes(),
+                        span_id: h.span_id.to_bytes(),
                     }),
                     attrs,
                 )
@@ -238,10 +248,10 @@ pub mod tests {
     pub fn record(span: u8, attrs: &[u8]) -> RecordRead {
         RecordRead::Record {
             header: Header {
-                trace_id: [span; 16],
-                span_id: [span; 8],
+                trace_id: TraceId::from_bytes([span; 16]),
+                span_id: SpanId::from_bytes([span; 8]),
                 valid: 1,
-                trace_flags: 1,
+                trace_flags: opentelemetry::trace::TraceFlags::SAMPLED,
                 attrs_data_size: attrs.len() as u16,
             },
             attrs_data: attrs.to_vec(),

@@ -219,19 +219,36 @@ pub fn data(r: ExportProfilesServiceRequest) -> ProfilesData {
     }
 }
 
+/// Why a profile could not be sent to an OTLP/HTTP receiver.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("--otlp-endpoint {0:?}: only plain http:// receivers are supported")]
+    NotHttp(String),
+    #[error("--otlp-endpoint {0:?} names no host")]
+    NoHost(String),
+    #[error("sending to {endpoint}: {source}")]
+    Io {
+        endpoint: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{endpoint} answered {status:?}")]
+    Rejected { endpoint: String, status: String },
+}
+
 /// Where OTLP/HTTP profiles go on a receiver given as `http://host:port`
 /// (the signal path is added unless the URL has a path).
-pub fn endpoint_url(endpoint: &str) -> Result<(String, String), String> {
-    let rest = endpoint.strip_prefix("http://").ok_or_else(|| {
-        format!("--otlp-endpoint {endpoint:?}: only plain http:// receivers are supported")
-    })?;
+pub fn endpoint_url(endpoint: &str) -> Result<(String, String), SendError> {
+    let rest = endpoint
+        .strip_prefix("http://")
+        .ok_or_else(|| SendError::NotHttp(endpoint.to_string()))?;
     let (authority, path) = match rest.find('/') {
         Some(i) if rest[i..].len() > 1 => (&rest[..i], rest[i..].to_string()),
         Some(i) => (&rest[..i], "/v1development/profiles".to_string()),
         None => (rest, "/v1development/profiles".to_string()),
     };
     if authority.is_empty() {
-        return Err(format!("--otlp-endpoint {endpoint:?} names no host"));
+        return Err(SendError::NoHost(endpoint.to_string()));
     }
     let authority = if authority.contains(':') && !authority.ends_with(']') {
         authority.to_string()
@@ -243,10 +260,13 @@ pub fn endpoint_url(endpoint: &str) -> Result<(String, String), String> {
 
 /// Sends the request to an OTLP/HTTP receiver (protobuf body) and returns
 /// its HTTP status line.
-pub fn send(endpoint: &str, r: &ExportProfilesServiceRequest) -> Result<String, String> {
+pub fn send(endpoint: &str, r: &ExportProfilesServiceRequest) -> Result<String, SendError> {
     let (authority, path) = endpoint_url(endpoint)?;
     let body = r.encode_to_vec();
-    let fail = |e: std::io::Error| format!("sending to {endpoint}: {e}");
+    let fail = |source| SendError::Io {
+        endpoint: endpoint.to_string(),
+        source,
+    };
     let mut stream = TcpStream::connect(&authority).map_err(fail)?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -269,7 +289,10 @@ pub fn send(endpoint: &str, r: &ExportProfilesServiceRequest) -> Result<String, 
         .and_then(|c| c.parse::<u16>().ok());
     match code {
         Some(200..=299) => Ok(status),
-        _ => Err(format!("{endpoint} answered {status:?}")),
+        _ => Err(SendError::Rejected {
+            endpoint: endpoint.to_string(),
+            status,
+        }),
     }
 }
 

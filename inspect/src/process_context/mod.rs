@@ -4,34 +4,29 @@
 //! Unlike thread context, the writer may update this while we read, so the
 //! reader protocol is followed: a non-zero timestamp, the payload copy, then
 //! the same timestamp again, else retry.
+//!
+//! This module is the reader protocol (find the mapping, read the header,
+//! retry until it settles, decode the payload); [`json`] presents the
+//! decoded attributes.
+
+pub mod json;
 
 use std::time::Duration;
 
+use otel_thread_ctx_abi::process_context::{
+    HEADER_SIZE, KEY_MAP_KEY, KNOWN_SCHEMAS, MAPPING_PATHS, MAX_KEYS, MAX_PAYLOAD_BYTES,
+    OFFSET_PAYLOAD, OFFSET_PAYLOAD_SIZE, OFFSET_PUBLISHED_AT, OFFSET_SIGNATURE, OFFSET_VERSION,
+    RESERVED_PREFIX, SCHEMA_VERSION_KEY, SIGNATURE, VERSION,
+};
 use prost::Message;
-use serde_json::{Map, Value};
 
 use crate::maps::Mapping;
-use crate::memory::Memory;
+use crate::memory::{Memory, MemoryError};
 
-/// Names the mapping may carry in `/proc/<pid>/maps` (memfd names end in
-/// ` (deleted)`, which [`Mapping::name`] strips).
-pub const MAPPING_NAMES: [&str; 3] = [
-    "/memfd:OTEL_CTX",
-    "[anon:OTEL_CTX]",
-    "[anon_shmem:OTEL_CTX]",
-];
-pub const SIGNATURE: &[u8; 8] = b"OTEL_CTX";
-pub const SUPPORTED_VERSION: u32 = 2;
-pub const HEADER_SIZE: usize = 32;
-/// Payloads larger than this are treated as garbage.
-pub const MAX_PAYLOAD: u32 = 1 << 20;
 const ATTEMPTS: u32 = 50;
 const RETRY_DELAY: Duration = Duration::from_micros(500);
 
-/// Known `threadlocal.schema_version` values for the TLS record format.
-pub const KNOWN_SCHEMAS: [&str; 2] = ["tlsdesc_v1_dev", "tls_v1"];
-
-pub use otel_thread_ctx_otlp::{any_value, AnyValue, KeyValue, ProcessContext};
+pub use otel_thread_ctx_otlp::{any_value, AnyValue, KeyValue, ProcessContext, Resource};
 
 /// The 32-byte header at the start of the mapping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,11 +46,13 @@ impl Header {
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
         Header {
-            signature: b[0..8].try_into().unwrap(),
-            version: u32_at(8),
-            payload_size: u32_at(12),
-            published_at_ns: u64_at(16),
-            payload: u64_at(24),
+            signature: b[OFFSET_SIGNATURE..OFFSET_SIGNATURE + 8]
+                .try_into()
+                .unwrap(),
+            version: u32_at(OFFSET_VERSION),
+            payload_size: u32_at(OFFSET_PAYLOAD_SIZE),
+            published_at_ns: u64_at(OFFSET_PUBLISHED_AT),
+            payload: u64_at(OFFSET_PAYLOAD),
         }
     }
 }
@@ -66,17 +63,42 @@ pub struct Decoded {
     pub mapping: String,
     pub address: u64,
     pub header: Header,
-    /// Resource attributes, as JSON values (key order of the payload, last
-    /// duplicate wins).
-    pub resource: Map<String, Value>,
-    /// `ProcessContext.attributes`, as JSON values.
-    pub attributes: Map<String, Value>,
+    /// The resource, as published.
+    pub resource: Option<Resource>,
+    /// `ProcessContext.attributes`, as published.
+    pub attributes: Vec<KeyValue>,
     /// `threadlocal.schema_version`, if published as a string.
     pub schema_version: Option<String>,
     /// `threadlocal.attribute_key_map`, if published as an array of strings.
     pub attribute_key_map: Option<Vec<String>>,
     /// Deviations from the specification that did not prevent decoding.
     pub warnings: Vec<String>,
+}
+
+/// Why the header and payload could not be read consistently.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    #[error("header: {0}")]
+    Header(#[source] MemoryError),
+    #[error("signature {:?} is not OTEL_CTX", String::from_utf8_lossy(.0))]
+    Signature([u8; 8]),
+    #[error("unsupported version {0} (supported: {VERSION})")]
+    Version(u32),
+    #[error("payload_size {0} is larger than {MAX_PAYLOAD_BYTES}")]
+    PayloadTooLarge(u32),
+    #[error("payload: {0}")]
+    Payload(#[source] MemoryError),
+    #[error("the context stayed mid-update over {ATTEMPTS} attempts")]
+    NeverSettled,
+}
+
+/// Why a mapping named `OTEL_CTX` holds no usable process context.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum LookupError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("payload is not a ProcessContext protobuf: {0}")]
+    Decode(#[source] prost::DecodeError),
 }
 
 /// Result of looking for the process context.
@@ -88,7 +110,7 @@ pub enum Lookup {
     Invalid {
         mapping: String,
         address: u64,
-        error: String,
+        error: LookupError,
     },
     Found(Box<Decoded>),
 }
@@ -97,11 +119,11 @@ pub enum Lookup {
 pub fn lookup(maps: &[Mapping], mem: &dyn Memory) -> Lookup {
     let candidates: Vec<&Mapping> = maps
         .iter()
-        .filter(|m| MAPPING_NAMES.contains(&m.name()))
+        .filter(|m| MAPPING_PATHS.contains(&m.name()))
         .collect();
-    let Some(first) = candidates.first() else {
+    if candidates.is_empty() {
         return Lookup::Absent;
-    };
+    }
     let mut last_error = None;
     for m in &candidates {
         match read_consistent(mem, m.start) {
@@ -137,69 +159,56 @@ pub fn lookup(maps: &[Mapping], mem: &dyn Memory) -> Lookup {
                     Err(e) => Lookup::Invalid {
                         mapping: m.name().to_string(),
                         address: m.start,
-                        error: format!("payload is not a ProcessContext protobuf: {e}"),
+                        error: LookupError::Decode(e),
                     },
                 };
             }
-            Err(e) => last_error = Some((m.name().to_string(), m.start, e)),
+            Err(e) => last_error = Some((m, e)),
         }
     }
-    let (mapping, address, error) =
-        last_error.unwrap_or_else(|| (first.name().to_string(), first.start, String::new()));
+    let (m, e) = last_error.expect("every candidate was tried and failed");
     Lookup::Invalid {
-        mapping,
-        address,
-        error,
+        mapping: m.name().to_string(),
+        address: m.start,
+        error: e.into(),
     }
 }
 
 /// The OTEP 4719 reader protocol: returns a header and a payload copy that
 /// belong together, retrying while the writer is mid-update.
-pub fn read_consistent(mem: &dyn Memory, address: u64) -> Result<(Header, Vec<u8>), String> {
+pub fn read_consistent(mem: &dyn Memory, address: u64) -> Result<(Header, Vec<u8>), ReadError> {
     let mut b = [0u8; HEADER_SIZE];
     for _ in 0..ATTEMPTS {
-        mem.read(address, &mut b)
-            .map_err(|e| format!("header: {e}"))?;
+        mem.read(address, &mut b).map_err(ReadError::Header)?;
         let header = Header::parse(&b);
-        if &header.signature != SIGNATURE {
-            return Err(format!(
-                "signature {:?} is not OTEL_CTX",
-                String::from_utf8_lossy(&header.signature)
-            ));
+        if header.signature != SIGNATURE {
+            return Err(ReadError::Signature(header.signature));
         }
-        if header.version != SUPPORTED_VERSION {
-            return Err(format!(
-                "unsupported version {} (supported: {SUPPORTED_VERSION})",
-                header.version
-            ));
+        if header.version != VERSION {
+            return Err(ReadError::Version(header.version));
         }
         if header.published_at_ns == 0 {
             // The writer is mid-update.
             std::thread::sleep(RETRY_DELAY);
             continue;
         }
-        if header.payload_size > MAX_PAYLOAD {
-            return Err(format!(
-                "payload_size {} is larger than {MAX_PAYLOAD}",
-                header.payload_size
-            ));
+        if header.payload_size as usize > MAX_PAYLOAD_BYTES {
+            return Err(ReadError::PayloadTooLarge(header.payload_size));
         }
         let mut payload = vec![0u8; header.payload_size as usize];
         mem.read(header.payload, &mut payload)
-            .map_err(|e| format!("payload: {e}"))?;
+            .map_err(ReadError::Payload)?;
         // ORDER: each read is its own system call, so the payload copy is
         // complete before the timestamp is read again.
         let again = mem
-            .read_u64(address + 16)
-            .map_err(|e| format!("header: {e}"))?;
+            .read_u64(address + OFFSET_PUBLISHED_AT as u64)
+            .map_err(ReadError::Header)?;
         if u64::from_le(again) == header.published_at_ns {
             return Ok((header, payload));
         }
         std::thread::sleep(RETRY_DELAY);
     }
-    Err(format!(
-        "the context stayed mid-update over {ATTEMPTS} attempts"
-    ))
+    Err(ReadError::NeverSettled)
 }
 
 /// Decodes a `ProcessContext` payload.
@@ -214,16 +223,6 @@ fn interpret(
     ctx: &ProcessContext,
     mut warnings: Vec<String>,
 ) -> Decoded {
-    let to_map = |kvs: &[KeyValue]| {
-        let mut m = Map::new();
-        for kv in kvs {
-            m.insert(
-                kv.key.clone(),
-                kv.value.as_ref().map_or(Value::Null, any_to_json),
-            );
-        }
-        m
-    };
     let resource_kvs = ctx
         .resource
         .as_ref()
@@ -231,7 +230,7 @@ fn interpret(
         .unwrap_or(&[]);
     if resource_kvs
         .iter()
-        .any(|kv| kv.key.starts_with("threadlocal."))
+        .any(|kv| kv.key.starts_with(RESERVED_PREFIX))
     {
         warnings.push(
             "threadlocal.* keys found in the resource; they belong in ProcessContext.attributes"
@@ -246,7 +245,7 @@ fn interpret(
             .and_then(|kv| kv.value.as_ref())
     };
     use any_value::Value as V;
-    let schema_version = match find("threadlocal.schema_version").and_then(|v| v.value.as_ref()) {
+    let schema_version = match find(SCHEMA_VERSION_KEY).and_then(|v| v.value.as_ref()) {
         Some(V::StringValue(s)) => {
             if !KNOWN_SCHEMAS.contains(&s.as_str()) {
                 warnings.push(format!(
@@ -261,70 +260,41 @@ fn interpret(
         }
         None => None,
     };
-    let attribute_key_map =
-        match find("threadlocal.attribute_key_map").and_then(|v| v.value.as_ref()) {
-            Some(V::ArrayValue(a)) => {
-                let keys: Option<Vec<String>> = a
-                    .values
-                    .iter()
-                    .map(|v| match &v.value {
-                        Some(V::StringValue(s)) => Some(s.clone()),
-                        _ => None,
-                    })
-                    .collect();
-                if keys.is_none() {
-                    warnings.push("threadlocal.attribute_key_map holds non-string values".into());
-                } else if a.values.len() > 256 {
-                    warnings.push(format!(
-                        "threadlocal.attribute_key_map has {} keys (at most 256 are addressable)",
+    let attribute_key_map = match find(KEY_MAP_KEY).and_then(|v| v.value.as_ref()) {
+        Some(V::ArrayValue(a)) => {
+            let keys: Option<Vec<String>> = a
+                .values
+                .iter()
+                .map(|v| match &v.value {
+                    Some(V::StringValue(s)) => Some(s.clone()),
+                    _ => None,
+                })
+                .collect();
+            if keys.is_none() {
+                warnings.push("threadlocal.attribute_key_map holds non-string values".into());
+            } else if a.values.len() > MAX_KEYS {
+                warnings.push(format!(
+                        "threadlocal.attribute_key_map has {} keys (at most {MAX_KEYS} are addressable)",
                         a.values.len()
                     ));
-                }
-                keys
             }
-            Some(_) => {
-                warnings.push("threadlocal.attribute_key_map is not an array".into());
-                None
-            }
-            None => None,
-        };
+            keys
+        }
+        Some(_) => {
+            warnings.push("threadlocal.attribute_key_map is not an array".into());
+            None
+        }
+        None => None,
+    };
     Decoded {
         mapping,
         address,
         header,
-        resource: to_map(resource_kvs),
-        attributes: to_map(&ctx.attributes),
+        resource: ctx.resource.clone(),
+        attributes: ctx.attributes.clone(),
         schema_version,
         attribute_key_map,
         warnings,
-    }
-}
-
-/// Converts an OTLP `AnyValue` to JSON: strings, booleans and numbers as
-/// such, arrays as arrays, kvlists as objects, bytes as lowercase hex.
-pub fn any_to_json(v: &AnyValue) -> Value {
-    use any_value::Value as V;
-    match &v.value {
-        None => Value::Null,
-        Some(V::StringValue(s)) => Value::String(s.clone()),
-        Some(V::BoolValue(b)) => Value::Bool(*b),
-        Some(V::IntValue(i)) => Value::from(*i),
-        Some(V::DoubleValue(d)) => {
-            serde_json::Number::from_f64(*d).map_or(Value::Null, Value::Number)
-        }
-        Some(V::ArrayValue(a)) => Value::Array(a.values.iter().map(any_to_json).collect()),
-        Some(V::KvlistValue(l)) => Value::Object(
-            l.values
-                .iter()
-                .map(|kv| {
-                    (
-                        kv.key.clone(),
-                        kv.value.as_ref().map_or(Value::Null, any_to_json),
-                    )
-                })
-                .collect(),
-        ),
-        Some(V::BytesValue(b)) => Value::String(crate::record::hex(b)),
     }
 }
 
@@ -378,6 +348,7 @@ mod tests {
 
     fn header(ts: u64, size: usize, at: u64) -> Vec<u8> {
         let mut h = SIGNATURE.to_vec();
+        assert_eq!(h.len(), OFFSET_VERSION);
         h.extend_from_slice(&2u32.to_le_bytes());
         h.extend_from_slice(&(size as u32).to_le_bytes());
         h.extend_from_slice(&ts.to_le_bytes());
@@ -406,8 +377,9 @@ mod tests {
             panic!()
         };
         assert_eq!(d.header.published_at_ns, 123);
-        assert_eq!(d.resource["service.name"], "svc");
-        assert_eq!(d.resource["pid"], 42);
+        let resource = json::object(&d.resource.as_ref().unwrap().attributes);
+        assert_eq!(resource["service.name"], "svc");
+        assert_eq!(resource["pid"], 42);
         assert_eq!(d.schema_version.as_deref(), Some("tlsdesc_v1_dev"));
         assert_eq!(
             d.attribute_key_map,
@@ -444,6 +416,7 @@ mod tests {
         mem.put(0x1000, &header(0, 4, 0x5000));
         assert!(read_consistent(&mem, 0x1000)
             .unwrap_err()
+            .to_string()
             .contains("mid-update"));
     }
 
@@ -462,6 +435,7 @@ mod tests {
         mem.put(0x1000, &h);
         assert!(read_consistent(&mem, 0x1000)
             .unwrap_err()
+            .to_string()
             .contains("version"));
         mem.put(0x1000, &header(1, 3, 0x5000));
         mem.put(0x5000, &[0xff, 0xff, 0xff]);

@@ -1,0 +1,100 @@
+//! Collection: everything `inspect` learns about the process, read once
+//! from outside and stopping one thread at a time. No judgement here.
+
+use std::time::Duration;
+
+use crate::error::Fatal;
+use crate::process_context::{self, Lookup};
+use crate::ptrace::Tracer;
+use crate::signals;
+use crate::target::Target;
+use crate::thread::{self, Outcome, ThreadRead};
+use crate::tls;
+
+/// One reading of the process.
+pub struct Collected {
+    pub pid: i32,
+    pub target: Target,
+    pub process_context: Lookup,
+    pub threads: Threads,
+}
+
+/// What was learnt about the threads.
+pub enum Threads {
+    /// No module defines the symbol, or it cannot be located per thread:
+    /// the threads were listed (with their names), none was read.
+    Listed(Vec<(i32, String)>),
+    /// Every thread was stopped and read.
+    Read {
+        threads: Vec<ReadThread>,
+        /// Whether the whole process had exited by the end; only looked at
+        /// when no thread pointer could be read.
+        process_exited: bool,
+    },
+}
+
+/// One thread that was stopped and read.
+pub struct ReadThread {
+    pub tid: i32,
+    pub name: String,
+    pub read: ThreadRead,
+}
+
+/// Reads the process once; `None` when it executed a new program meanwhile,
+/// which makes everything found before stale.
+pub fn collect(pid: i32, stop_timeout: Duration) -> Result<Option<Collected>, Fatal> {
+    let target = Target::open(pid)?;
+    let process_context = process_context::lookup(&target.maps, &target.memory);
+    let plan = match &target.resolution {
+        Some(Ok(resolution)) => resolution.plan,
+        Some(Err(_)) => {
+            return Ok(Some(Collected {
+                pid,
+                target,
+                process_context,
+                threads: Threads::Listed(Vec::new()),
+            }))
+        }
+        None => {
+            let threads = thread::list(pid)
+                .into_iter()
+                .map(|tid| (tid, thread::name(pid, tid)))
+                .collect();
+            return Ok(Some(Collected {
+                pid,
+                target,
+                process_context,
+                threads: Threads::Listed(threads),
+            }));
+        }
+    };
+    let mut tracer = Tracer::new(pid, stop_timeout);
+    let mut threads = Vec::new();
+    for tid in thread::list(pid) {
+        if let Some(sig) = signals::requested() {
+            return Err(Fatal::Interrupted(sig));
+        }
+        let read = thread::read(&mut tracer, tid, &plan, &target.memory, &tls::HOST, true)
+            .map_err(Fatal::Denied)?;
+        if matches!(read.outcome, Outcome::AddressSpaceGone) && !thread::process_exited(pid) {
+            return Ok(None);
+        }
+        threads.push(ReadThread {
+            tid,
+            name: thread::name(pid, tid),
+            read,
+        });
+    }
+    drop(tracer);
+    let any_read = threads.iter().any(|t| t.read.thread_pointer.is_some());
+    let process_exited = !any_read && thread::process_exited(pid);
+    Ok(Some(Collected {
+        pid,
+        target,
+        process_context,
+        threads: Threads::Read {
+            threads,
+            process_exited,
+        },
+    }))
+}
