@@ -233,6 +233,9 @@ function publishThroughNapi(entry) {
     binding.clearRecord();
     return;
   }
+  // The id stores are written out here and in publish() rather than shared
+  // through a helper: one more call level on publish()'s path costs the
+  // with() call site inlining (BENCHMARKS.md, "More that was tried").
   words[0] = entry.w0;
   words[1] = entry.w1;
   words[2] = entry.w2;
