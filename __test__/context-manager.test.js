@@ -85,6 +85,22 @@ test('with(): deep nesting', () => {
   assertPublished(null, 'after');
 });
 
+test('with(): the outer span comes back after more spans than the writer keeps at hand', () => {
+  const outer = spanContextFor('long-lived');
+  const many = Array.from({ length: 600 }, (_, i) => spanContextFor(`short-lived ${i}`));
+  context.with(outer.ctx, () => {
+    for (const [i, inner] of many.entries()) {
+      context.with(inner.ctx, () => assertPublished(inner.spanContext, `inner ${i}`));
+      assertPublished(outer.spanContext, `outer after inner ${i}`);
+    }
+    for (const [i, inner] of many.entries()) {
+      context.with(inner.ctx, () => assertPublished(inner.spanContext, `inner ${i}, published before`));
+    }
+    assertPublished(outer.spanContext, 'outer at the end');
+  });
+  assertPublished(null, 'after');
+});
+
 test('with(): passes thisArg and arguments and returns the result', () => {
   const a = spanContextFor('args');
   const self = { k: 2 };

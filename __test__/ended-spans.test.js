@@ -66,3 +66,19 @@ test('a span ended in another callback is not published where its context resume
   assert.strictEqual(await resumed, null, 'timer scheduled while live, fired after end');
   assert.strictEqual(context.with(ctx, published), null, 'with() after end');
 });
+
+test('an outer span ended inside a nested with() is not published when it returns', () => {
+  const tracer = new BasicTracerProvider().getTracer('ended');
+  const outer = tracer.startSpan('outer');
+  const inner = tracer.startSpan('inner');
+  const seen = context.with(trace.setSpan(context.active(), outer), () => {
+    const before = published();
+    const during = context.with(trace.setSpan(context.active(), inner), () => {
+      outer.end();
+      return published();
+    });
+    return { before, during, after: published() };
+  });
+  assert.deepStrictEqual(seen, { before: outer.spanContext().spanId, during: inner.spanContext().spanId, after: null });
+  inner.end();
+});

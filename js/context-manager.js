@@ -80,15 +80,13 @@ function entryForSpan(span) {
 }
 
 /**
- * The record entry for a context: parsed once per span, then one property
- * load (plus, with attributes configured, one comparison per attribute).
- * Any value may be a context, as with the stock manager: only objects with
- * a getValue() method (OpenTelemetry contexts) can carry a span.
+ * The record entry for a context not cached yet (or cached stale): read from
+ * its span, then cached on the context. Any value may be a context, as with
+ * the stock manager: only objects with a getValue() method (OpenTelemetry
+ * contexts) can carry a span.
  */
-function entryForContext(ctx) {
+function lookupEntry(ctx) {
   if (typeof ctx !== 'object' || ctx === null) return NO_SPAN;
-  const cached = ctx[kEntry];
-  if (cached !== undefined && isFresh(cached)) return cached;
   if (typeof ctx.getValue !== 'function') return cache(ctx, NO_SPAN);
   return cache(ctx, entryForSpan(trace.getSpan(ctx)));
 }
@@ -116,23 +114,33 @@ function publishFailure(ctx, error) {
   }
 }
 
-/** The context whose span the record carries while JS runs on this thread. */
-let publishedContext;
-
 /**
  * Publishes the span of `ctx`, whatever `ctx` is. Runs inside async hooks,
  * so it cannot throw: a Proxy context can throw even from the cached-entry
  * load, which no cheaper check rules out, and try/catch costs nothing on
- * the path that does not throw.
+ * the path that does not throw. Nothing here stores an object into
+ * long-lived state (see the writer's ring in ./record-view.js): the hot
+ * path is one cached load (primitives have no such key), the freshness
+ * check and the record's stores.
  */
 function publishContext(ctx) {
-  // Callbacks of one request often run back to back; skipping the
-  // unchanged store saves its write barrier.
-  if (ctx !== publishedContext) publishedContext = ctx;
   try {
-    view.publish(entryForContext(ctx));
+    const cached = ctx?.[kEntry];
+    view.publish(cached !== undefined && isFresh(cached) ? cached : lookupEntry(ctx));
   } catch (error) {
     publishFailure(ctx, error);
+  }
+}
+
+/**
+ * Publishes `entry` again (the record's entry before a with() call), or
+ * what its span publishes now if it went stale meanwhile. Cannot throw.
+ */
+function republish(entry) {
+  try {
+    view.publish(isFresh(entry) ? entry : entryForSpan(entry.span));
+  } catch (error) {
+    publishFailure(entry.span, error);
   }
 }
 
@@ -142,11 +150,7 @@ function publishContext(ctx) {
  * so the code after `span.end()` is not attributed to the span. Cannot throw.
  */
 function spanEnded(span) {
-  try {
-    if (publisher !== null && view.publishedEntry().span === span) publishContext(publishedContext);
-  } catch {
-    // Only a Proxy's cached entry can get here; the next context switch republishes.
-  }
+  if (publisher !== null && view.publishedEntry().span === span) view.publish(NO_SPAN);
 }
 
 /**
@@ -206,7 +210,6 @@ function updatePublisher() {
     continuations.deactivate(previous);
     schema = null;
     binding.setClearOnIdle(false);
-    publishedContext = undefined;
     view.publish(NO_SPAN);
     return;
   }
@@ -256,18 +259,17 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
   }
 
   with(context, fn, thisArg, ...args) {
-    if (!this._publishing) return super.with(context, fn, thisArg, ...args);
-    // The one place the upstream manager is not used through its public
-    // surface: super.with() would add a call frame and repeat the bind
-    // check on the hottest path (BENCHMARKS.md, "The upstream manager's
-    // surface"); this is its body.
+    // The base class's body, with the publishing around it: super.with()
+    // would add a call frame and repeat the bind check on the hottest path
+    // (BENCHMARKS.md, "The upstream manager's surface").
     const cb = thisArg == null ? fn : fn.bind(thisArg);
-    const outer = publishedContext;
+    if (!this._publishing) return this._asyncLocalStorage.run(context, cb, ...args);
+    const outer = view.publishedEntry();
     publishContext(context);
     try {
       return this._asyncLocalStorage.run(context, cb, ...args);
     } finally {
-      publishContext(outer);
+      republish(outer);
     }
   }
 

@@ -56,9 +56,29 @@ function tailWord(traceFlags, attrsSize) {
     : ((1 << 24) | (traceFlags << 16) | attrsSize) >>> 0;
 }
 
+/**
+ * The entries the record held most recently, by slot (slot 0: NO_SPAN).
+ * The writer remembers which entry the record holds as a slot number, not
+ * as an object: storing a short-lived object into a long-lived one costs a
+ * write barrier, at every context switch. A slot's entry is replaced only
+ * when another entry with the same slot is published, so the ring keeps at
+ * most RING_SIZE - 1 entries (and their spans) alive beyond their use.
+ */
+const RING_SIZE = 256;
+const ring = [];
+let lastSlot = 0;
+
+/** The next entry's slot, round-robin over 1..RING_SIZE - 1. */
+function nextSlot() {
+  lastSlot = lastSlot === RING_SIZE - 1 ? 1 : lastSlot + 1;
+  return lastSlot;
+}
+
 /** The bytes one span context publishes, in host-endian words ready to store. */
 class RecordEntry {
   constructor(valid, w0, w1, w2, w3, w4, w5, traceFlags, schema = null, attributes = null) {
+    /** Where the writer keeps it while the record holds its bytes (0 for NO_SPAN). */
+    this.slot = valid === 0 ? 0 : nextSlot();
     this.valid = valid;
     this.w0 = w0;
     this.w1 = w1;
@@ -81,6 +101,7 @@ class RecordEntry {
 
 /** Publishes nothing: the record reads invalid. */
 const NO_SPAN = Object.freeze(new RecordEntry(0, 0, 0, 0, 0, 0, 0, 0));
+for (let i = 0; i < RING_SIZE; i++) ring.push(NO_SPAN);
 
 const scratchBytes = new Uint8Array(24);
 const scratchWords = new Uint32Array(scratchBytes.buffer);
@@ -134,11 +155,11 @@ function withAttributes(entry, schema, attributes) {
 }
 
 /**
- * The entry whose ids and attributes are in the record's bytes, valid or
- * not (null after a direct write): invalidating writes only the valid byte,
- * so re-publishing that entry only needs its tail word.
+ * The slot of the entry whose ids and attributes are in the record's bytes,
+ * valid or not (0 after a direct write): invalidating writes only the valid
+ * byte, so re-publishing that entry only needs its tail word.
  */
-let heldEntry = null;
+let heldSlot = 0;
 
 /**
  * Makes `entry` the thread's published record: valid = 0, fields, then
@@ -146,7 +167,7 @@ let heldEntry = null;
  * that entry's bytes, only its tail word is written, and only if it differs.
  */
 function publish(entry) {
-  if (entry === heldEntry) {
+  if (ring[heldSlot] === entry) {
     // The native side may have cleared the record (idle event loop) since,
     // so the tail word (valid byte included) is compared, not assumed.
     if (words[TAIL_INDEX_U32] !== entry.tail) words[TAIL_INDEX_U32] = entry.tail;
@@ -163,7 +184,9 @@ function publish(entry) {
   // bytes, so the next entry may still be the held one.
   words[TAIL_INDEX_U32] = 0;
   if (entry.valid === 0) return;
-  heldEntry = entry;
+  const slot = entry.slot;
+  if (ring[slot] !== entry) ring[slot] = entry;
+  heldSlot = slot;
   words[0] = entry.w0;
   words[1] = entry.w1;
   words[2] = entry.w2;
@@ -180,7 +203,7 @@ function publish(entry) {
  * the direct API does: big-endian stores put the W3C bytes in hex order.
  */
 function publishIds(traceIdHigh, traceIdLow, spanId, traceFlags) {
-  heldEntry = null; // the manager must rewrite its entry next time
+  heldSlot = 0; // the manager must rewrite its entry next time
   bytes[OFFSET_VALID] = 0; // ORDER: as in publish()
   ids.setBigUint64(0, traceIdHigh);
   ids.setBigUint64(8, traceIdLow);
@@ -194,7 +217,8 @@ function publishIds(traceIdHigh, traceIdLow, spanId, traceFlags) {
  * invalid), NO_SPAN otherwise.
  */
 function publishedEntry() {
-  return heldEntry !== null && words[TAIL_INDEX_U32] === heldEntry.tail ? heldEntry : NO_SPAN;
+  const held = ring[heldSlot];
+  return words[TAIL_INDEX_U32] === held.tail ? held : NO_SPAN;
 }
 
 /** Marks the record invalid (the ids stay; readers ignore them). */
