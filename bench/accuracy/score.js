@@ -95,6 +95,10 @@ function scoreOnCpu(truth, samples) {
       // The record pointer read fine but every record byte read as zero: the
       // read faulted (a published or invalidated record keeps its span id).
       unreadable: s.valid !== 1 && s.pointer === true && s.spanId === ZERO_ID,
+      // The thread's TLS slot read as NULL: a JS thread inside a segment is
+      // registered, so its slot holds a record address; the sampler's read
+      // of the slot faulted.
+      slotUnreadable: s.valid !== 1 && s.pointer === false,
     });
   }
   const perThread = [...byTid.values()].map(({ th, c }) => ({ tid: th.tid, thread: th.thread, ...c }));
@@ -241,9 +245,10 @@ function formatOnCpu(score, label) {
   for (const c of score.perThread) row && lines.push(row(`${c.thread === 0 ? 'main' : `worker ${c.thread}`} ${c.tid}`, c));
   lines.push(row('overall', score.overall));
   const unreadable = score.misses.filter((m) => m.unreadable).length;
+  const slotUnreadable = score.misses.filter((m) => m.slotUnreadable).length;
   if (score.misses.length) {
     const near = score.misses.filter((m) => m.intoSegmentUs < 50).length;
-    lines.push(`  misses: ${score.misses.length} (${unreadable} with the record unreadable, all bytes 0; ${near} within 50 us of a segment start; ${score.misses.filter((m) => m.previousSegmentSpan).length} showing the previous segment's span)`);
+    lines.push(`  misses: ${score.misses.length} (${unreadable} with the record unreadable, all bytes 0; ${slotUnreadable} with the TLS slot unreadable; ${near} within 50 us of a segment start; ${score.misses.filter((m) => m.previousSegmentSpan).length} showing the previous segment's span)`);
   }
   if (score.otherThreads) lines.push(`  (${score.otherThreads} samples on threads without a record: V8 platform, libuv pool)`);
   return lines;
