@@ -118,10 +118,10 @@ function publishFailure(ctx, error) {
  * Publishes the span of `ctx`, whatever `ctx` is. Runs inside async hooks,
  * so it cannot throw: a Proxy context can throw even from the cached-entry
  * load, which no cheaper check rules out, and try/catch costs nothing on
- * the path that does not throw. Nothing here stores an object into
- * long-lived state (see the writer's ring in ./record-view.js): the hot
- * path is one cached load (primitives have no such key), the freshness
- * check and the record's stores.
+ * the path that does not throw. The hot path is one cached load
+ * (primitives have no such key), the freshness check and the record's
+ * stores; no object is stored into long-lived state except when an entry
+ * takes its slot in the writer's ring (./record-view.js).
  */
 function publishContext(ctx) {
   try {
