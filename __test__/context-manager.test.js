@@ -5,6 +5,7 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const { EventEmitter, once } = require('node:events');
+const crypto = require('node:crypto');
 const fs = require('node:fs');
 const fsp = require('node:fs/promises');
 const http = require('node:http');
@@ -115,6 +116,43 @@ test('a span context that is not valid publishes nothing', () => {
     context.with(invalid, () => assertPublished(null, 'invalid span'));
     assertPublished(a.spanContext, 'outer again');
   });
+});
+
+test('ids: every byte value in place, either case; a non-hex character or an all-zero id publishes nothing', () => {
+  const withIds = (traceId, spanId) => trace.setSpanContext(ROOT_CONTEXT, { traceId, spanId, traceFlags: 1 });
+  // Random ids, as SDKs make them, plus every byte value at every position.
+  const ids = Array.from({ length: 64 }, () => [crypto.randomBytes(16).toString('hex'), crypto.randomBytes(8).toString('hex')]);
+  for (let b = 0; b < 256; b++) {
+    const traceId = Buffer.alloc(16, b);
+    traceId[b % 16] ^= 0x5a;
+    const spanId = Buffer.alloc(8, 255 - b);
+    spanId[b % 8] = 1;
+    ids.push([traceId.toString('hex'), spanId.toString('hex')]);
+  }
+  for (const [traceId, spanId] of ids) {
+    context.with(withIds(traceId, spanId), () => assertPublished({ traceId, spanId, traceFlags: 1 }, `ids ${traceId}/${spanId}`));
+  }
+  const upper = ['0123456789ABCDEFabcdef0123456789', 'FEDCBA9876543210'];
+  context.with(withIds(...upper), () =>
+    assertPublished({ traceId: upper[0].toLowerCase(), spanId: upper[1].toLowerCase(), traceFlags: 1 }, 'upper case'),
+  );
+  const traceId = '4bf92f3577b34da6a3ce929d0e0e4736';
+  const spanId = '00f067aa0ba902b7';
+  // A character whose code's low byte is a hex digit ('\u0130' & 0xff is '0') is still not one.
+  for (const bad of ['g', 'G', ' ', '-', '\u0130', '\u0161', '\uff10', '\u00e0']) {
+    for (const at of [0, 7, 15, 31]) {
+      const t = traceId.slice(0, at) + bad + traceId.slice(at + 1);
+      context.with(withIds(t, spanId), () => assertPublished(null, `trace id with ${JSON.stringify(bad)} at ${at}`));
+    }
+    for (const at of [0, 8, 15]) {
+      const s = spanId.slice(0, at) + bad + spanId.slice(at + 1);
+      context.with(withIds(traceId, s), () => assertPublished(null, `span id with ${JSON.stringify(bad)} at ${at}`));
+    }
+  }
+  context.with(withIds('0'.repeat(32), spanId), () => assertPublished(null, 'all-zero trace id'));
+  context.with(withIds(traceId, '0'.repeat(16)), () => assertPublished(null, 'all-zero span id'));
+  const lastByte = `${'0'.repeat(31)}1`;
+  context.with(withIds(lastByte, spanId), () => assertPublished({ traceId: lastByte, spanId, traceFlags: 1 }, 'one bit set'));
 });
 
 test('trace flags are published (sampled and not sampled)', () => {

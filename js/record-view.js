@@ -103,32 +103,44 @@ class RecordEntry {
 const NO_SPAN = Object.freeze(new RecordEntry(0, 0, 0, 0, 0, 0, 0, 0));
 for (let i = 0; i < RING_SIZE; i++) ring.push(NO_SPAN);
 
-const scratchBytes = new Uint8Array(24);
-const scratchWords = new Uint32Array(scratchBytes.buffer);
-
-/** Value of one hex digit (either case, as the OpenTelemetry API accepts), or -1. */
-function hexDigit(code) {
-  if (code >= 48 && code <= 57) return code - 48; // 0-9
-  const lower = code | 0x20;
-  if (lower >= 97 && lower <= 102) return lower - 87; // a-f
-  return -1;
+/** Each hex digit's value by character code (either case, as the API accepts); -1 for the rest. */
+const HEX_VALUE = new Int8Array(256).fill(-1);
+for (let d = 0; d < 16; d++) {
+  HEX_VALUE['0123456789abcdef'.charCodeAt(d)] = d;
+  HEX_VALUE['0123456789ABCDEF'.charCodeAt(d)] = d;
 }
 
 /**
- * Decodes `count` hex digits of `hex` into scratchBytes from byte `at`.
- * Returns false if a character is not a hex digit or every byte is zero.
+ * The value of the hex digit `hex[i]`, or -1. A table lookup rather than
+ * range tests: random ids mix digits and letters, so a branch on which one
+ * a character is mispredicts often.
  */
-function decodeHex(hex, count, at) {
-  let any = 0;
-  for (let i = 0; i < count; i += 2) {
-    const high = hexDigit(hex.charCodeAt(i));
-    const low = hexDigit(hex.charCodeAt(i + 1));
-    if ((high | low) < 0) return false;
-    const byte = (high << 4) | low;
-    scratchBytes[at + (i >> 1)] = byte;
-    any |= byte;
+function digitAt(hex, i) {
+  const code = hex.charCodeAt(i);
+  return code < 256 ? HEX_VALUE[code] : -1;
+}
+
+/** Set negative by wordAt() on a character that is not a hex digit. */
+let badDigits = 0;
+
+/**
+ * The 4 bytes that the 8 hex digits of `hex` from `at` encode, as the
+ * host-endian word storing them in order. An int32 (the Uint32Array store
+ * keeps its bits), so an entry holds small integers rather than boxed
+ * numbers, and its publish loads each word directly.
+ */
+function wordAt(hex, at) {
+  let word = 0;
+  let bad = 0;
+  for (let k = 0; k < 4; k++) {
+    const high = digitAt(hex, at + 2 * k);
+    const low = digitAt(hex, at + 2 * k + 1);
+    bad |= high | low;
+    const byte = ((high << 4) | low) & 0xff;
+    word |= LITTLE_ENDIAN ? byte << (8 * k) : byte << (24 - 8 * k);
   }
-  return any !== 0;
+  badDigits |= bad;
+  return word;
 }
 
 /**
@@ -137,15 +149,18 @@ function decodeHex(hex, count, at) {
  * zero (the W3C invalid ids), so no separate validity check is needed.
  */
 function entryFromIds(traceId, spanId, traceFlags, schema = null, attributes = null) {
-  if (
-    typeof traceId !== 'string' || traceId.length !== 32 ||
-    typeof spanId !== 'string' || spanId.length !== 16 ||
-    !decodeHex(traceId, 32, 0) || !decodeHex(spanId, 16, 16)
-  ) {
+  if (typeof traceId !== 'string' || traceId.length !== 32 || typeof spanId !== 'string' || spanId.length !== 16) {
     return NO_SPAN;
   }
-  const w = scratchWords;
-  return new RecordEntry(1, w[0], w[1], w[2], w[3], w[4], w[5], traceFlags & 0xff, schema, attributes);
+  badDigits = 0;
+  const w0 = wordAt(traceId, 0);
+  const w1 = wordAt(traceId, 8);
+  const w2 = wordAt(traceId, 16);
+  const w3 = wordAt(traceId, 24);
+  const w4 = wordAt(spanId, 0);
+  const w5 = wordAt(spanId, 8);
+  if (badDigits < 0 || (w0 | w1 | w2 | w3) === 0 || (w4 | w5) === 0) return NO_SPAN;
+  return new RecordEntry(1, w0, w1, w2, w3, w4, w5, traceFlags & 0xff, schema, attributes);
 }
 
 /** `entry` (a span's ids) with encoded attributes added. */
