@@ -61,19 +61,29 @@ function createManager(kind) {
   }
 }
 
+const ID_BYTES = Buffer.alloc(16);
+
+/** A 32-bit mix of `n` (an integer hash), so ids have random-looking bytes. */
+function mix(n, k) {
+  let h = Math.imul((n + Math.imul(k, 0x632be5ab)) | 0, 0x9e3779b1);
+  h = Math.imul(h ^ (h >>> 16), 0x85ebca6b);
+  return (h ^ (h >>> 13)) >>> 0;
+}
+
 /**
- * A valid, unique W3C span context for `n` (any non-negative integer):
- * cheap to build, so the cost of making ids is the same small constant for
- * both managers.
+ * A valid, unique W3C span context for `n` (an integer in 0..2^32) and
+ * `salt`. Its ids are flat lowercase hex strings of random-looking bytes,
+ * made as the SDK's id generator makes them (a buffer's `toString('hex')`),
+ * and cheap, so making ids costs both managers the same small constant.
  */
 function spanContext(n, salt = 0) {
-  const hex = n.toString(16);
-  return {
-    traceId: `${(0x10000000 + salt).toString(16)}${hex.padStart(24, '0')}`,
-    spanId: `1${hex.padStart(15, '0')}`,
-    traceFlags: 1,
-    isRemote: false,
-  };
+  ID_BYTES.writeUInt32BE((mix(n, 1) | 1) >>> 0, 0);
+  ID_BYTES.writeUInt32BE(mix(n, 2), 4);
+  ID_BYTES.writeUInt32BE(mix(salt, 3), 8);
+  ID_BYTES.writeUInt32BE(n >>> 0, 12);
+  const traceId = ID_BYTES.toString('hex', 0, 16);
+  ID_BYTES.writeUInt32BE((mix(n, 4) | 1) >>> 0, 8);
+  return { traceId, spanId: ID_BYTES.toString('hex', 8, 16), traceFlags: 1, isRemote: false };
 }
 
 /** Nanoseconds elapsed since `start` (a process.hrtime.bigint() value). */
