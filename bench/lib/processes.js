@@ -59,10 +59,11 @@ function runCase(node, name, params, { core, timeoutMs = 180000 } = {}) {
 /**
  * Starts a long-running case (a server). Resolves with { child, first } once
  * it printed its first JSON line; `stop()` closes its stdin and resolves with
- * its last JSON line (killing it if it does not exit in time).
+ * its last JSON line (killing it if it does not exit in time). `nodeArgs`
+ * go to node before the script (V8 flags, say).
  */
-function startCase(node, name, params, { core, timeoutMs = 20000 } = {}) {
-  const [cmd, args] = command(node, [path.join(CASES, `${name}.js`), JSON.stringify(params)], core);
+function startCase(node, name, params, { core, timeoutMs = 20000, nodeArgs = [] } = {}) {
+  const [cmd, args] = command(node, [...nodeArgs, path.join(CASES, `${name}.js`), JSON.stringify(params)], core);
   const child = spawn(cmd, args, { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
   let out = '';
   let err = '';
