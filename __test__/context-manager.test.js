@@ -132,6 +132,12 @@ test('ids: every byte value in place, either case; a non-hex character or an all
   for (const [traceId, spanId] of ids) {
     context.with(withIds(traceId, spanId), () => assertPublished({ traceId, spanId, traceFlags: 1 }, `ids ${traceId}/${spanId}`));
   }
+  // Spans of one trace in a row, another trace, the first again, and an equal copy of its string.
+  const [first, second] = [crypto.randomBytes(16).toString('hex'), crypto.randomBytes(16).toString('hex')];
+  for (const traceId of [first, first, first, second, first, Buffer.from(first, 'hex').toString('hex'), second]) {
+    const spanId = crypto.randomBytes(8).toString('hex');
+    context.with(withIds(traceId, spanId), () => assertPublished({ traceId, spanId, traceFlags: 1 }, `trace ${traceId}, span ${spanId}`));
+  }
   const upper = ['0123456789ABCDEFabcdef0123456789', 'FEDCBA9876543210'];
   context.with(withIds(...upper), () =>
     assertPublished({ traceId: upper[0].toLowerCase(), spanId: upper[1].toLowerCase(), traceFlags: 1 }, 'upper case'),

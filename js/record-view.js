@@ -144,6 +144,17 @@ function wordAt(hex, at) {
 }
 
 /**
+ * The trace id decoded last and its words. A trace's spans share their
+ * trace id, the SDK even the same string, and a service starts a request's
+ * spans close together, so most spans decode only their span id.
+ */
+let lastTraceId = '';
+let lastW0 = 0;
+let lastW1 = 0;
+let lastW2 = 0;
+let lastW3 = 0;
+
+/**
  * Builds the entry for a span context (32 + 16 hex digits) and optional
  * encoded attributes. Returns NO_SPAN for ids that are malformed or all
  * zero (the W3C invalid ids), so no separate validity check is needed.
@@ -153,14 +164,22 @@ function entryFromIds(traceId, spanId, traceFlags, schema = null, attributes = n
     return NO_SPAN;
   }
   badDigits = 0;
-  const w0 = wordAt(traceId, 0);
-  const w1 = wordAt(traceId, 8);
-  const w2 = wordAt(traceId, 16);
-  const w3 = wordAt(traceId, 24);
+  if (traceId !== lastTraceId) {
+    const w0 = wordAt(traceId, 0);
+    const w1 = wordAt(traceId, 8);
+    const w2 = wordAt(traceId, 16);
+    const w3 = wordAt(traceId, 24);
+    if (badDigits < 0 || (w0 | w1 | w2 | w3) === 0) return NO_SPAN;
+    lastTraceId = traceId;
+    lastW0 = w0;
+    lastW1 = w1;
+    lastW2 = w2;
+    lastW3 = w3;
+  }
   const w4 = wordAt(spanId, 0);
   const w5 = wordAt(spanId, 8);
-  if (badDigits < 0 || (w0 | w1 | w2 | w3) === 0 || (w4 | w5) === 0) return NO_SPAN;
-  return new RecordEntry(1, w0, w1, w2, w3, w4, w5, traceFlags & 0xff, schema, attributes);
+  if (badDigits < 0 || (w4 | w5) === 0) return NO_SPAN;
+  return new RecordEntry(1, lastW0, lastW1, lastW2, lastW3, w4, w5, traceFlags & 0xff, schema, attributes);
 }
 
 /** `entry` (a span's ids) with encoded attributes added. */
