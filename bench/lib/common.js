@@ -21,10 +21,11 @@ function report(result) {
 /**
  * Creates, enables and installs as global the context manager of `kind`:
  * 'ours' (ProfilingContextManager), 'stock' (AsyncLocalStorageContextManager),
- * 'floor' (stock plus our continuation hooks with empty bodies,
- * bench/lib/floor.js), 'store' (those hooks only reading the stock store)
- * or 'none' (no context manager at all). The stock, floor and store
- * processes never load the addon, so nothing of ours runs there.
+ * 'floor' (stock plus our continuation hooks with empty bodies and our
+ * with() shape with empty publishing, bench/lib/floor.js), 'store' (the
+ * same with hooks only reading the stock store) or 'none' (no context
+ * manager at all). The stock, floor and store processes never load the
+ * addon, so nothing of ours runs there.
  */
 function installManager(kind) {
   const manager = createManager(kind);
@@ -43,12 +44,14 @@ function createManager(kind) {
   switch (kind) {
     case 'ours':
       return new (require(ROOT).ProfilingContextManager)();
-    case 'floor':
-      require('./floor').installFloorHooks();
-      return new (require('@opentelemetry/context-async-hooks').AsyncLocalStorageContextManager)();
-    case 'store': {
-      const manager = new (require('@opentelemetry/context-async-hooks').AsyncLocalStorageContextManager)();
+    case 'floor': {
       const floor = require('./floor');
+      floor.installFloorHooks();
+      return new floor.FloorContextManager();
+    }
+    case 'store': {
+      const floor = require('./floor');
+      const manager = new floor.FloorContextManager();
       floor.installFloorHooks(floor.storeReader(manager._asyncLocalStorage));
       return manager;
     }

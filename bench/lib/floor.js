@@ -1,21 +1,49 @@
 'use strict';
 // The floor: exactly the hooks ProfilingContextManager installs on the
 // running Node.js (js/continuations.js picks them per line), with empty
-// bodies, on top of the stock manager. What the floor costs over stock is
-// the price of being called at every callback start at all; what ours
+// bodies, on top of the stock manager, whose with() has our override's
+// shape with empty publishing (FloorContextManager). What the floor costs
+// over stock is the price of being called at every callback start at all
+// and of restoring the record when with() returns or throws; what ours
 // costs over the floor is ours to cut.
 //
-// The store reference: the same hooks whose body only reads the stock
-// manager's store, the least any hook that publishes the active span must
-// do.
+// The store reference: the same, with hooks whose body only reads the
+// stock manager's store, the least any hook that publishes the active span
+// must do.
 
 const asyncHooks = require('node:async_hooks');
 const path = require('node:path');
 const v8 = require('node:v8');
 
+const { AsyncLocalStorageContextManager } = require('@opentelemetry/context-async-hooks');
+
 const ROOT = path.resolve(__dirname, '..', '..');
 
 function nothing() {}
+
+/** What a publisher saves on with() entry to restore on exit (here: nothing). */
+function savedEntry() {
+  return null;
+}
+
+/**
+ * The stock manager with ProfilingContextManager's with() around the base
+ * class's body: save, publish, run, and restore in a `finally`, with the
+ * publishing calls empty. Any publisher has to restore the record when the
+ * callback returns or throws; this is the cost of that shape alone.
+ */
+class FloorContextManager extends AsyncLocalStorageContextManager {
+  with(context, fn, thisArg, ...args) {
+    const cb = thisArg == null ? fn : fn.bind(thisArg);
+    const outer = savedEntry();
+    nothing(context);
+    try {
+      return this._asyncLocalStorage.run(context, cb, ...args);
+    } finally {
+      nothing(outer);
+    }
+  }
+}
 
 let sink;
 
@@ -51,4 +79,4 @@ function installFloorHooks(body = nothing) {
 /** The value last read by a store reader (so it stays observable). */
 const lastRead = () => sink;
 
-module.exports = { installFloorHooks, storeReader, lastRead };
+module.exports = { FloorContextManager, installFloorHooks, storeReader, lastRead };

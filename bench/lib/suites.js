@@ -77,6 +77,12 @@ const interleave = {
       target: { n20: 15, n24: 15 },
     },
     {
+      label: 'with() cycling 16 SDK spans, the floor\'s added time (floor − stock)',
+      unit: 'ns+',
+      value: (r) => r.floor.withNs - r.stock.withNs,
+      target: null,
+    },
+    {
       label: 'bare await, 16 interleaved SDK spans (ours/floor)',
       unit: 'ratio',
       value: (r) => r.ours.awaitNs / r.floor.awaitNs,
