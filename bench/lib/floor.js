@@ -21,11 +21,6 @@ const ROOT = path.resolve(__dirname, '..', '..');
 
 function nothing() {}
 
-/** What a publisher saves on with() entry to restore on exit (here: nothing). */
-function savedEntry() {
-  return null;
-}
-
 /**
  * The stock manager with ProfilingContextManager's with() around the base
  * class's body: save, publish, run, and restore in a `finally`, with the
@@ -35,7 +30,7 @@ function savedEntry() {
 class FloorContextManager extends AsyncLocalStorageContextManager {
   with(context, fn, thisArg, ...args) {
     const cb = thisArg == null ? fn : fn.bind(thisArg);
-    const outer = savedEntry();
+    const outer = nothing(); // what a publisher saves to restore on exit
     nothing(context);
     try {
       return this._asyncLocalStorage.run(context, cb, ...args);
