@@ -101,13 +101,14 @@ async function profileCase(node, name, opts) {
   const data = path.join(dir, 'perf.data');
   const upstream = name === 'service' ? await startCase(process.execPath, 'upstream', {}, { core: 1 }) : null;
   let server = null;
+  let perf = null;
   try {
     const params = { manager: 'ours' };
     if (upstream) params.upstream = `http://127.0.0.1:${upstream.first.port}`;
     server = await startCase(node, spec.server, params, { core: 0, nodeArgs: ['--perf-basic-prof'] });
     const url = `http://127.0.0.1:${server.first.port}${spec.path}`;
     await runCase(process.execPath, 'http-load', { url, amount: Math.ceil(requests / 3), connections: 10 }, { core: 1 });
-    const perf = spawn('perf', ['record', '-q', '-F', String(opts.frequency), '-p', String(server.first.pid), '-o', data], {
+    perf = spawn('perf', ['record', '-q', '-F', String(opts.frequency), '-p', String(server.first.pid), '-o', data], {
       stdio: ['ignore', 'ignore', 'pipe'],
     });
     let perfErr = '';
@@ -132,13 +133,15 @@ async function profileCase(node, name, opts) {
     const top = [...byFunction.entries()].sort((a, b) => b[1] - a[1]).slice(0, 6);
     return { total, ours, top, rps: load.rps };
   } finally {
+    // A failed load would leave perf attached to the server; SIGINT ends it.
+    if (perf && perf.exitCode === null) perf.kill('SIGINT');
     if (server) {
       server.child.kill('SIGKILL');
+      // --perf-basic-prof leaves /tmp/perf-<pid>.map behind.
+      fs.rmSync(`/tmp/perf-${server.first.pid}.map`, { force: true });
     }
     if (upstream) await upstream.stop();
     fs.rmSync(dir, { recursive: true, force: true });
-    // --perf-basic-prof leaves /tmp/perf-<pid>.map behind.
-    if (server) fs.rmSync(`/tmp/perf-${server.first.pid}.map`, { force: true });
   }
 }
 
