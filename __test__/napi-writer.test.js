@@ -28,6 +28,9 @@ const CHILD = `
     step('back in span');
   });
   step('outside');
+  // The record's entry is what the next with() saves and restores.
+  context.with(ROOT_CONTEXT, () => {});
+  step('outside, after a with() at the root');
   setSpanContext(1n, 2n, 3n, 1);
   step('direct');
   clearSpanContext();
@@ -52,6 +55,7 @@ test('without external buffers: loads, publishes through napi calls, warns once'
     ['in root', 0, null, null],
     ['back in span', 1, span, ['/users/:id']],
     ['outside', 0, null, null],
+    ['outside, after a with() at the root', 0, null, null],
     ['direct', 1, '00000000000000010000000000000002/0000000000000003/1', []],
     ['cleared', 0, null, null],
   ]);

@@ -255,6 +255,14 @@ function publishedEntry() {
   return words[TAIL_INDEX_U32] === held.tail ? held : NO_SPAN;
 }
 
+/**
+ * publish(NO_SPAN), small enough to inline where publish() is not: the
+ * record reads invalid, and the held bytes stay for the next publish.
+ */
+function publishNoSpan() {
+  words[TAIL_INDEX_U32] = 0;
+}
+
 /** Marks the record invalid (the ids stay; readers ignore them). */
 function clear() {
   bytes[OFFSET_VALID] = 0;
@@ -315,6 +323,10 @@ function publishIdsThroughNapi(traceIdHigh, traceIdLow, spanId, traceFlags) {
   binding.writeRecord(bytes.subarray(0, OFFSET_ATTRS_DATA));
 }
 
+function publishNoSpanThroughNapi() {
+  publishThroughNapi(NO_SPAN);
+}
+
 function clearThroughNapi() {
   if (!warned) warnOnce();
   binding.clearRecord();
@@ -322,12 +334,13 @@ function clearThroughNapi() {
 
 module.exports =
   noViewReason === null
-    ? { NO_SPAN, entryFromIds, withAttributes, publish, publishIds, clear, publishedEntry, writer: 'view' }
+    ? { NO_SPAN, entryFromIds, withAttributes, publish, publishNoSpan, publishIds, clear, publishedEntry, writer: 'view' }
     : {
         NO_SPAN,
         entryFromIds,
         withAttributes,
         publish: publishThroughNapi,
+        publishNoSpan: publishNoSpanThroughNapi,
         publishIds: publishIdsThroughNapi,
         clear: clearThroughNapi,
         publishedEntry: publishedEntryThroughNapi,
