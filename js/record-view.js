@@ -201,10 +201,16 @@ let heldSlot = 0;
  * that entry's bytes, only its tail word is written, and only if it differs.
  */
 function publish(entry) {
-  if (ring[heldSlot] === entry) {
+  // Module bindings read through locals: each read of one costs bytecode
+  // for its initialization check, and TurboFan inlines a function by its
+  // bytecode size, on the with() path within a tight budget.
+  const record = words;
+  const tail = TAIL_INDEX_U32;
+  const slots = ring;
+  if (slots[heldSlot] === entry) {
     // The native side may have cleared the record (idle event loop) since,
     // so the tail word (valid byte included) is compared, not assumed.
-    if (words[TAIL_INDEX_U32] !== entry.tail) words[TAIL_INDEX_U32] = entry.tail;
+    if (record[tail] !== entry.tail) record[tail] = entry.tail;
     return;
   }
   // ORDER: a sampler interrupts this thread, so it needs program order only.
@@ -216,20 +222,20 @@ function publish(entry) {
   // valid = 0 (with trace_flags and attrs_data_size: an invalid record's
   // other fields do not matter). NO_SPAN stops here and leaves the held
   // bytes, so the next entry may still be the held one.
-  words[TAIL_INDEX_U32] = 0;
+  record[tail] = 0;
   if (entry.valid === 0) return;
   const slot = entry.slot;
-  if (ring[slot] !== entry) ring[slot] = entry;
+  if (slots[slot] !== entry) slots[slot] = entry;
   heldSlot = slot;
-  words[0] = entry.w0;
-  words[1] = entry.w1;
-  words[2] = entry.w2;
-  words[3] = entry.w3;
-  words[4] = entry.w4;
-  words[5] = entry.w5;
+  record[0] = entry.w0;
+  record[1] = entry.w1;
+  record[2] = entry.w2;
+  record[3] = entry.w3;
+  record[4] = entry.w4;
+  record[5] = entry.w5;
   if (entry.attrsSize !== 0) bytes.set(entry.attributes.bytes, OFFSET_ATTRS_DATA);
   // ORDER: last store; makes the record valid with the fields in place.
-  words[TAIL_INDEX_U32] = entry.tail;
+  record[tail] = entry.tail;
 }
 
 /**
