@@ -38,23 +38,16 @@ function installManager(kind) {
 
 /**
  * Creates (not enabled) the context manager of `kind`, or null for 'none'.
- * For 'floor' the empty hooks are enabled right away.
+ * The floor's hooks are on while it is enabled.
  */
 function createManager(kind) {
   switch (kind) {
     case 'ours':
       return new (require(ROOT).ProfilingContextManager)();
-    case 'floor': {
-      const floor = require('./floor');
-      floor.installFloorHooks();
-      return new floor.FloorContextManager();
-    }
-    case 'store': {
-      const floor = require('./floor');
-      const manager = new floor.FloorContextManager();
-      floor.installFloorHooks(floor.storeReader(manager._asyncLocalStorage));
-      return manager;
-    }
+    case 'floor':
+      return new (require('./floor').FloorContextManager)();
+    case 'store':
+      return new (require('./floor').FloorContextManager)({ readsStore: true });
     case 'stock':
       return new (require('@opentelemetry/context-async-hooks').AsyncLocalStorageContextManager)();
     case 'none':
@@ -113,12 +106,19 @@ function median(values) {
  * instrumentations `instrumentations()` returns (called after registration
  * is set up, so the caller requires them lazily). With manager 'none',
  * nothing is traced. `shutdown()` flushes and returns the spans exported.
+ *
+ * `manager` may also be a list of kinds: all of them are created, the first
+ * is registered, and `use(kind)` makes another one the global context
+ * manager (disabling the current one first, so only one set of hooks is
+ * ever on). Switch only while no request is in flight: a context stored by
+ * one manager is not seen by another.
  */
 function traceService(manager, instrumentations) {
   let exported = 0;
   if (manager === 'none') return { shutdown: async () => exported };
   const { NodeTracerProvider, BatchSpanProcessor } = require('@opentelemetry/sdk-trace-node');
   const { registerInstrumentations } = require('@opentelemetry/instrumentation');
+  const { context } = require('@opentelemetry/api');
   const exporter = {
     export(spans, done) {
       exported += spans.length;
@@ -127,10 +127,18 @@ function traceService(manager, instrumentations) {
     shutdown: () => Promise.resolve(),
     forceFlush: () => Promise.resolve(),
   };
+  const kinds = Array.isArray(manager) ? manager : [manager];
+  const managers = new Map(kinds.map((kind) => [kind, createManager(kind)]));
   const provider = new NodeTracerProvider({ spanProcessors: [new BatchSpanProcessor(exporter)] });
-  provider.register({ contextManager: createManager(manager) });
+  provider.register({ contextManager: managers.get(kinds[0]) });
   registerInstrumentations({ tracerProvider: provider, instrumentations: instrumentations() });
   return {
+    use(kind) {
+      const next = managers.get(kind);
+      if (next === undefined) throw new Error(`not one of this service's managers: ${kind}`);
+      context.disable();
+      context.setGlobalContextManager(next.enable());
+    },
     async shutdown() {
       await provider.shutdown();
       return exported;
@@ -138,4 +146,30 @@ function traceService(manager, instrumentations) {
   };
 }
 
-module.exports = { ROOT, params, report, installManager, createManager, traceService, spanContext, since, cpuNs, median };
+/**
+ * For a server whose `tracing` switches managers: answers the parent's
+ * stdin lines `use <kind>` (switches, then prints {"using"}) and `mark`
+ * (prints {"cpuNs"}, this process's CPU time so far, to the microsecond),
+ * each with one JSON line on stdout. Calls `stop()` when stdin ends.
+ */
+function answerSwitches(tracing, stop) {
+  let pending = '';
+  process.stdin.setEncoding('utf8');
+  process.stdin.on('data', (chunk) => {
+    pending += chunk;
+    for (let nl = pending.indexOf('\n'); nl >= 0; nl = pending.indexOf('\n')) {
+      const [command, kind] = pending.slice(0, nl).trim().split(' ');
+      pending = pending.slice(nl + 1);
+      if (command === 'use') {
+        tracing.use(kind);
+        report({ using: kind });
+      } else if (command === 'mark') {
+        const { user, system } = process.cpuUsage();
+        report({ cpuNs: (user + system) * 1000 });
+      }
+    }
+  });
+  process.stdin.on('end', stop);
+}
+
+module.exports = { ROOT, params, report, installManager, createManager, traceService, answerSwitches, spanContext, since, cpuNs, median };

@@ -21,13 +21,78 @@ const ROOT = path.resolve(__dirname, '..', '..');
 
 function nothing() {}
 
+let sink;
+
+/** A hook body reading `storage`'s store (and keeping it, so it is not optimized away). */
+function storeReader(storage) {
+  return function readStore() {
+    sink = storage.getStore();
+  };
+}
+
+/**
+ * The hooks of the strategy js/continuations.js selected here, with `body`,
+ * as { strategy, enable, disable }.
+ */
+function floorHooks(body) {
+  // continuations.js only creates hooks when loaded (enabling them is the
+  // manager's job) and does not load the addon.
+  const { strategy } = require(path.join(ROOT, 'js', 'continuations.js'));
+  switch (strategy) {
+    case 'async-hooks': {
+      const hook = asyncHooks.createHook({ before: body });
+      return { strategy, enable: () => hook.enable(), disable: () => hook.disable() };
+    }
+    case 'async-context-frame': {
+      const hook = asyncHooks.createHook({ before: body, trackPromises: false });
+      let stopPromiseHook = null;
+      return {
+        strategy,
+        enable() {
+          hook.enable();
+          stopPromiseHook = v8.promiseHooks.onBefore(body);
+        },
+        disable() {
+          hook.disable();
+          stopPromiseHook();
+        },
+      };
+    }
+    default:
+      throw new Error(`the floor does not know strategy ${strategy}`);
+  }
+}
+
 /**
  * The stock manager with ProfilingContextManager's with() around the base
  * class's body: save, publish, run, and restore in a `finally`, with the
  * publishing calls empty. Any publisher has to restore the record when the
- * callback returns or throws; this is the cost of that shape alone.
+ * callback returns or throws; this is the cost of that shape alone. Its
+ * hooks are on while it is enabled, as ours are.
+ *
+ * `readsStore`: the store reference's hooks (they read the store) instead
+ * of empty ones.
  */
 class FloorContextManager extends AsyncLocalStorageContextManager {
+  constructor({ readsStore = false } = {}) {
+    super();
+    this._hooks = floorHooks(readsStore ? storeReader(this._asyncLocalStorage) : nothing);
+    this._hooksOn = false;
+  }
+
+  enable() {
+    super.enable();
+    if (!this._hooksOn) this._hooks.enable();
+    this._hooksOn = true;
+    return this;
+  }
+
+  disable() {
+    if (this._hooksOn) this._hooks.disable();
+    this._hooksOn = false;
+    return super.disable();
+  }
+
   with(context, fn, thisArg, ...args) {
     const cb = thisArg == null ? fn : fn.bind(thisArg);
     const outer = nothing(); // what a publisher saves to restore on exit
@@ -40,38 +105,7 @@ class FloorContextManager extends AsyncLocalStorageContextManager {
   }
 }
 
-let sink;
-
-/** Hooks whose body reads `storage`'s store (and keeps it, so it is not optimized away). */
-function storeReader(storage) {
-  return function readStore() {
-    sink = storage.getStore();
-  };
-}
-
-/**
- * Enables the hooks of the strategy js/continuations.js selected here, with
- * `body` (default: empty); returns the strategy's name.
- */
-function installFloorHooks(body = nothing) {
-  // continuations.js only creates hooks when loaded (enabling them is the
-  // manager's job) and does not load the addon.
-  const { strategy } = require(path.join(ROOT, 'js', 'continuations.js'));
-  switch (strategy) {
-    case 'async-hooks':
-      asyncHooks.createHook({ before: body }).enable();
-      break;
-    case 'async-context-frame':
-      asyncHooks.createHook({ before: body, trackPromises: false }).enable();
-      v8.promiseHooks.onBefore(body);
-      break;
-    default:
-      throw new Error(`the floor does not know strategy ${strategy}`);
-  }
-  return strategy;
-}
-
 /** The value last read by a store reader (so it stays observable). */
 const lastRead = () => sink;
 
-module.exports = { FloorContextManager, installFloorHooks, storeReader, lastRead };
+module.exports = { FloorContextManager, lastRead };
