@@ -10,8 +10,10 @@
 //
 // Every round runs each variant (stock, ours; for http also no tracing) in
 // its own process, alternating which goes first, so a hook installed by one
-// manager never slows the other. The table shows the median over rounds of
-// each round's ratio (or difference), with the spread [min, max].
+// manager never slows the other; the switching suites instead run one
+// server that switches managers between short bursts of load. The table
+// shows the median over rounds of each round's ratio (or difference), with
+// the spread [min, max].
 
 const { spawnSync } = require('node:child_process');
 const fs = require('node:fs');
@@ -175,7 +177,9 @@ async function runSuite(suite, node, version, opts) {
     const k = r % suite.variants.length;
     const order = r % 2 === 0 ? [...suite.variants.slice(k), ...suite.variants.slice(0, k)] : [...suite.variants].reverse();
     const round = {};
-    for (const variant of order) round[variant] = await suite.run(node, variant, opts);
+    // A suite with runRound() measures all its variants in one process.
+    if (suite.runRound) Object.assign(round, await suite.runRound(node, opts));
+    else for (const variant of order) round[variant] = await suite.run(node, variant, opts);
     perRound.push(round);
     const shown = suite.rows
       .filter((row) => row.target !== null)

@@ -8,9 +8,10 @@
 // Prints {"port", "pid"} once listening on 127.0.0.1; on stdin end or
 // SIGTERM it prints {"spans"} (spans exported) and exits.
 //
-// params: { manager }
+// params: { manager } (a kind, or a list of kinds to switch between:
+// bench/lib/common.js, answerSwitches)
 
-const { params, report, traceService } = require('../lib/common');
+const { params, report, traceService, answerSwitches } = require('../lib/common');
 
 const { manager } = params();
 const tracing = traceService(manager, () => [new (require('@opentelemetry/instrumentation-http').HttpInstrumentation)()]);
@@ -51,5 +52,6 @@ async function stop() {
   process.exit(0);
 }
 process.on('SIGTERM', stop);
-process.stdin.on('end', stop);
+if (Array.isArray(manager)) answerSwitches(tracing, stop);
+else process.stdin.on('end', stop);
 process.stdin.resume();

@@ -11,9 +11,10 @@
 // Prints {"port", "pid"} once listening on 127.0.0.1; on stdin end it
 // prints {"spans", "served"} and exits.
 //
-// params: { manager, upstream (base URL) }
+// params: { manager (a kind, or a list of kinds to switch between:
+// bench/lib/common.js, answerSwitches), upstream (base URL) }
 
-const { params, report, traceService } = require('../lib/common');
+const { params, report, traceService, answerSwitches } = require('../lib/common');
 
 const { manager, upstream } = params();
 if (!/^http:\/\/127\.0\.0\.1:\d+$/.test(upstream)) throw new Error(`refusing an upstream off 127.0.0.1: ${upstream}`);
@@ -78,11 +79,13 @@ app.get('/orders/:id', async (req, res, next) => {
 
 const server = app.listen(0, '127.0.0.1', () => report({ port: server.address().port, pid: process.pid }));
 
-process.stdin.on('end', async () => {
+async function stop() {
   server.close();
   server.closeAllConnections?.();
   agent.destroy();
   report({ spans: await tracing.shutdown(), served });
   process.exit(0);
-});
+}
+if (Array.isArray(manager)) answerSwitches(tracing, stop);
+else process.stdin.on('end', stop);
 process.stdin.resume();

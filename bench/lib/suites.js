@@ -1,8 +1,10 @@
 'use strict';
 // The benchmarks: what each runs per round and variant, and the rows it
 // contributes to the summary table. Every round runs each variant in its own
-// process; `value(round)` turns one round ({ stock, floor, ours, none, direct }
-// results) into one number, and the table shows their median and spread.
+// process, except in the switching suites (`runRound`), where one server
+// switches between the variants; `value(round)` turns one round ({ stock,
+// floor, ours, none, direct } results) into one number, and the table shows
+// their median and spread.
 //
 // Targets: `n20` applies to Node < 24, `n24` to Node >= 24 (where
 // AsyncLocalStorage follows V8's continuation-preserved data).
@@ -16,7 +18,7 @@ const sync = {
   variants: ['stock', 'ours'],
   rounds: { full: 7, quick: 2 },
   run: (node, manager, opts) =>
-    runCase(node, 'sync', { manager, iterations: count(2e6, opts), batches: opts.quick ? 3 : 5 }),
+    runCase(node, 'sync', { manager, iterations: count(2e6, opts), batches: opts.quick ? 3 : 7 }),
   rows: [
     {
       label: 'sync context.with() added time per call',
@@ -193,6 +195,152 @@ async function serviceRun(node, manager, opts) {
   }
 }
 
+/**
+ * Sends lines to a started case that answers each with one JSON line (a
+ * switching server, bench/lib/common.js answerSwitches; the burst load
+ * generator): `ask(line)` resolves with the reply.
+ */
+function lineControl(started) {
+  const waiting = [];
+  let pending = '';
+  started.child.stdout.on('data', (d) => {
+    pending += d;
+    for (let nl = pending.indexOf('\n'); nl >= 0; nl = pending.indexOf('\n')) {
+      const line = pending.slice(0, nl);
+      pending = pending.slice(nl + 1);
+      if (line.startsWith('{') && waiting.length > 0) waiting.shift().resolve(JSON.parse(line));
+    }
+  });
+  started.child.on('close', (code, signal) => {
+    for (const w of waiting.splice(0)) w.reject(new Error(`the process exited with ${code ?? signal}`));
+  });
+  return (line) =>
+    new Promise((resolve, reject) => {
+      waiting.push({ resolve, reject });
+      started.child.stdin.write(`${line}\n`);
+    });
+}
+
+/** The managers one switching server takes turns with. */
+const SWITCHED = ['stock', 'floor', 'ours'];
+
+/**
+ * One process, its managers taking turns: server CPU per request of each,
+ * summed over `cycles` turns of `burst` requests. A turn starts with a
+ * switch while no request is in flight and a tenth of a burst unmeasured;
+ * the server measures its own CPU time around the burst. The process's
+ * speed phases then fall on every manager alike, which separate processes
+ * do not share (BENCHMARKS.md, "Machine and noise").
+ */
+async function switchingLoad(server, url, opts, { burst, cycles }) {
+  const ask = lineControl(server);
+  const generator = await startCase(process.execPath, 'http-bursts', { url, connections: 10 }, { core: 1 });
+  try {
+    const send = lineControl(generator);
+    const load = async (amount) => {
+      const result = await send(String(amount));
+      if (result.errors > 0) throw new Error(`${result.errors} failed requests`);
+      return result;
+    };
+    const requests = count(burst, opts);
+    const totals = Object.fromEntries(SWITCHED.map((kind) => [kind, { cpuNs: 0, requests: 0, bursts: [] }]));
+    // Every manager's paths warm (and compiled) before anything is measured.
+    for (let w = 0; w < 2; w++) {
+      for (const kind of SWITCHED) {
+        await ask(`use ${kind}`);
+        await load(requests);
+      }
+    }
+    const turns = opts.quick ? 1 : cycles;
+    for (let c = 0; c < turns; c++) {
+      const order = c % 2 === 0 ? SWITCHED : [...SWITCHED].reverse();
+      for (const kind of order) {
+        await ask(`use ${kind}`);
+        await load(Math.max(2, Math.round(requests / 10)));
+        const before = await ask('mark');
+        const result = await load(requests);
+        const after = await ask('mark');
+        totals[kind].cpuNs += after.cpuNs - before.cpuNs;
+        totals[kind].requests += result.requests;
+        totals[kind].bursts.push((after.cpuNs - before.cpuNs) / result.requests);
+      }
+    }
+    await server.stop();
+    return Object.fromEntries(
+      SWITCHED.map((kind) => {
+        const { cpuNs, requests: served, bursts } = totals[kind];
+        return [kind, { cpuNsPerRequest: cpuNs / served, requests: served, bursts }];
+      }),
+    );
+  } finally {
+    await generator.stop();
+  }
+}
+
+const httpSwitching = {
+  name: 'http-switching',
+  variants: SWITCHED,
+  rounds: { full: 3, quick: 1 },
+  async runRound(node, opts) {
+    const server = await startCase(node, 'http-server', { manager: SWITCHED }, { core: 0 });
+    try {
+      return await switchingLoad(server, `http://127.0.0.1:${server.first.port}/`, opts, { burst: 300, cycles: 80 });
+    } finally {
+      server.child.kill('SIGKILL');
+    }
+  },
+  rows: [
+    {
+      label: 'http server CPU per request, one process switching managers (ours/stock)',
+      unit: 'ratio',
+      value: (r) => r.ours.cpuNsPerRequest / r.stock.cpuNsPerRequest,
+      target: { n20: 1.05, n24: 1.05 },
+    },
+    {
+      label: 'http server CPU per request, one process switching managers (ours/floor)',
+      unit: 'ratio',
+      value: (r) => r.ours.cpuNsPerRequest / r.floor.cpuNsPerRequest,
+      target: null,
+    },
+  ],
+  details: [{ label: 'http server CPU per request, switching managers', field: 'cpuNsPerRequest', unit: 'us' }],
+};
+
+const serviceSwitching = {
+  name: 'service-switching',
+  variants: SWITCHED,
+  rounds: { full: 3, quick: 1 },
+  async runRound(node, opts) {
+    const upstream = await startCase(process.execPath, 'upstream', {}, { core: 1 });
+    try {
+      const params = { manager: SWITCHED, upstream: `http://127.0.0.1:${upstream.first.port}` };
+      const server = await startCase(node, 'service-server', params, { core: 0 });
+      try {
+        return await switchingLoad(server, `http://127.0.0.1:${server.first.port}/orders/42`, opts, { burst: 100, cycles: 80 });
+      } finally {
+        server.child.kill('SIGKILL');
+      }
+    } finally {
+      await upstream.stop();
+    }
+  },
+  rows: [
+    {
+      label: 'Express service server CPU per request, one process switching managers (ours/stock)',
+      unit: 'ratio',
+      value: (r) => r.ours.cpuNsPerRequest / r.stock.cpuNsPerRequest,
+      target: { n20: 1.05, n24: 1.05 },
+    },
+    {
+      label: 'Express service server CPU per request, one process switching managers (ours/floor)',
+      unit: 'ratio',
+      value: (r) => r.ours.cpuNsPerRequest / r.floor.cpuNsPerRequest,
+      target: null,
+    },
+  ],
+  details: [{ label: 'service server CPU per request, switching managers', field: 'cpuNsPerRequest', unit: 'us' }],
+};
+
 const http = {
   name: 'http',
   variants: ['none', 'stock', 'floor', 'ours'],
@@ -354,6 +502,6 @@ const direct = {
   details: [],
 };
 
-const SUITES = [sync, interleave, async, http, service, memory, direct, workers];
+const SUITES = [sync, interleave, async, http, service, httpSwitching, serviceSwitching, memory, direct, workers];
 
 module.exports = { SUITES };
