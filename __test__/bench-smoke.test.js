@@ -74,3 +74,32 @@ test('bench/run.js --quick runs the interleave, service and memory cases with st
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('bench/run.js --quick runs the switching suites: one server taking turns with stock, the floor and ours', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-bench-'));
+  const json = path.join(dir, 'results.json');
+  try {
+    const r = spawnSync(
+      process.execPath,
+      [
+        'bench/run.js', '--quick', '--rounds', '1', '--only', 'http-switching,service-switching', '--scale', '0.2',
+        '--node', process.execPath, '--json', json,
+      ],
+      { cwd: ROOT, encoding: 'utf8', timeout: 120000 },
+    );
+    assert.strictEqual(r.status, 0, r.stderr);
+    assert.match(r.stdout, /\| http server CPU per request, one process switching managers \(ours\/stock\) \| \d+\.\d\d/);
+    assert.match(r.stdout, /\| Express service server CPU per request, one process switching managers \(ours\/stock\) \| \d+\.\d\d/);
+    const { results } = JSON.parse(fs.readFileSync(json, 'utf8'));
+    const classes = { stock: 'AsyncLocalStorageContextManager', floor: 'FloorContextManager', ours: 'ProfilingContextManager' };
+    for (const suite of ['http-switching', 'service-switching']) {
+      const [round] = results[suite][process.versions.node].rounds;
+      for (const [variant, manager] of Object.entries(classes)) {
+        assert.strictEqual(round[variant].manager, manager, `${suite} ${variant}`);
+        assert.ok(round[variant].requests > 0 && round[variant].cpuNsPerRequest > 0, `${suite} ${variant}`);
+      }
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

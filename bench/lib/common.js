@@ -148,7 +148,8 @@ function traceService(manager, instrumentations) {
 
 /**
  * For a server whose `tracing` switches managers: answers the parent's
- * stdin lines `use <kind>` (switches, then prints {"using"}) and `mark`
+ * stdin lines `use <kind>` (switches, then prints {"using", "manager"}, the
+ * global manager's class name) and `mark`
  * (prints {"cpuNs"}, this process's CPU time so far, to the microsecond),
  * each with one JSON line on stdout. Calls `stop()` when stdin ends.
  */
@@ -162,7 +163,7 @@ function answerSwitches(tracing, stop) {
       pending = pending.slice(nl + 1);
       if (command === 'use') {
         tracing.use(kind);
-        report({ using: kind });
+        report({ using: kind, manager: require('@opentelemetry/api').context._getContextManager().constructor.name });
       } else if (command === 'mark') {
         const { user, system } = process.cpuUsage();
         report({ cpuNs: (user + system) * 1000 });

@@ -243,7 +243,7 @@ async function switchingLoad(server, url, opts, { burst, cycles }) {
       return result;
     };
     const requests = count(burst, opts);
-    const totals = Object.fromEntries(SWITCHED.map((kind) => [kind, { cpuNs: 0, requests: 0, bursts: [] }]));
+    const totals = Object.fromEntries(SWITCHED.map((kind) => [kind, { cpuNs: 0, requests: 0, bursts: [], manager: null }]));
     // Every manager's paths warm (and compiled) before anything is measured.
     for (let w = 0; w < 2; w++) {
       for (const kind of SWITCHED) {
@@ -255,7 +255,7 @@ async function switchingLoad(server, url, opts, { burst, cycles }) {
     for (let c = 0; c < turns; c++) {
       const order = c % 2 === 0 ? SWITCHED : [...SWITCHED].reverse();
       for (const kind of order) {
-        await ask(`use ${kind}`);
+        totals[kind].manager = (await ask(`use ${kind}`)).manager;
         await load(Math.max(2, Math.round(requests / 10)));
         const before = await ask('mark');
         const result = await load(requests);
@@ -268,8 +268,8 @@ async function switchingLoad(server, url, opts, { burst, cycles }) {
     await server.stop();
     return Object.fromEntries(
       SWITCHED.map((kind) => {
-        const { cpuNs, requests: served, bursts } = totals[kind];
-        return [kind, { cpuNsPerRequest: cpuNs / served, requests: served, bursts }];
+        const { cpuNs, requests: served, bursts, manager } = totals[kind];
+        return [kind, { cpuNsPerRequest: cpuNs / served, requests: served, bursts, manager }];
       }),
     );
   } finally {
