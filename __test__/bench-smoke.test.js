@@ -10,96 +10,74 @@ const path = require('node:path');
 
 const ROOT = path.resolve(__dirname, '..');
 
-test('bench/run.js --quick prints a table of numbers and writes JSON', () => {
+/**
+ * Runs `node bench/run.js --quick <args> --node <this node>` and returns
+ * its stdout and its JSON results; fails the test when it fails.
+ */
+function runBench(args, timeout) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-bench-'));
   const json = path.join(dir, 'results.json');
   try {
-    const r = spawnSync(
-      process.execPath,
-      ['bench/run.js', '--quick', '--only', 'direct,sync', '--scale', '0.01', '--node', process.execPath, '--json', json],
-      { cwd: ROOT, encoding: 'utf8', timeout: 60000 },
-    );
+    const r = spawnSync(process.execPath, ['bench/run.js', '--quick', ...args, '--node', process.execPath, '--json', json], {
+      cwd: ROOT,
+      encoding: 'utf8',
+      timeout,
+    });
     assert.strictEqual(r.status, 0, r.stderr);
-    const lines = r.stdout.split('\n');
-    const header = lines.find((l) => l.startsWith('| benchmark |'));
-    assert.ok(header && header.includes(`Node ${process.versions.node}`), r.stdout);
-    for (const label of ['setSpanContext() per call', 'sync context.with() added time per call']) {
-      const row = lines.find((l) => l.startsWith(`| ${label} |`));
-      assert.ok(row, `no row for ${label}:\n${r.stdout}`);
-      assert.match(row, /[+-]?\d+\.\d+ ns/);
-    }
-    const results = JSON.parse(fs.readFileSync(json, 'utf8'));
-    const rows = results.results.direct[process.versions.node].rows;
-    assert.ok(rows.every((row) => Number.isFinite(row.median) && row.median > 0));
+    return { stdout: r.stdout, results: JSON.parse(fs.readFileSync(json, 'utf8')).results };
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }
+}
+
+test('bench/run.js --quick prints a table of numbers and writes JSON', () => {
+  const { stdout, results } = runBench(['--only', 'direct,sync', '--scale', '0.01'], 60000);
+  const lines = stdout.split('\n');
+  const header = lines.find((l) => l.startsWith('| benchmark |'));
+  assert.ok(header && header.includes(`Node ${process.versions.node}`), stdout);
+  for (const label of ['setSpanContext() per call', 'sync context.with() added time per call']) {
+    const row = lines.find((l) => l.startsWith(`| ${label} |`));
+    assert.ok(row, `no row for ${label}:\n${stdout}`);
+    assert.match(row, /[+-]?\d+\.\d+ ns/);
+  }
+  const rows = results.direct[process.versions.node].rows;
+  assert.ok(rows.every((row) => Number.isFinite(row.median) && row.median > 0));
 });
 
 test('bench/run.js --quick runs the interleave, service and memory cases with stock, the floor and ours', () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-bench-'));
-  const json = path.join(dir, 'results.json');
-  try {
-    const r = spawnSync(
-      process.execPath,
-      [
-        'bench/run.js', '--quick', '--rounds', '1', '--only', 'interleave,service,memory', '--scale', '0.01',
-        '--node', process.execPath, '--json', json,
-      ],
-      { cwd: ROOT, encoding: 'utf8', timeout: 120000 },
-    );
-    assert.strictEqual(r.status, 0, r.stderr);
-    const lines = r.stdout.split('\n');
-    const rowFor = (label) => {
-      const row = lines.find((l) => l.startsWith(`| ${label} |`));
-      assert.ok(row, `no row for ${label}:\n${r.stdout}`);
-      return row;
-    };
-    assert.match(rowFor('with() cycling 16 SDK spans, added time per call (ours − stock)'), /[+-]?\d+\.\d+ ns/);
-    assert.match(rowFor('bare await, 16 interleaved SDK spans (ours/floor)'), /\| \d+\.\d\d/);
-    assert.match(rowFor('Express service server CPU per request (ours/stock)'), /\| \d+\.\d\d/);
-    assert.match(rowFor('bytes per bare await, 16 interleaved SDK spans (ours − floor)'), /[+-]?\d+(\.\d)? B/);
-    const { results } = JSON.parse(fs.readFileSync(json, 'utf8'));
-    const [round] = results.interleave[process.versions.node].rounds;
-    for (const variant of ['stock', 'floor', 'store', 'ours']) {
-      for (const field of ['withNs', 'awaitNs', 'hopNs']) assert.ok(round[variant][field] > 0, `${variant} ${field}`);
-    }
-    const [service] = results.service[process.versions.node].rounds;
-    for (const variant of ['none', 'stock', 'floor', 'ours']) {
-      assert.ok(service[variant].requests > 0 && service[variant].cpuNsPerRequest > 0, variant);
-      // Traced variants export the server, Express and client spans of each request.
-      if (variant !== 'none') assert.ok(service[variant].spans >= service[variant].requests * 3, `${variant} spans`);
-    }
-  } finally {
-    fs.rmSync(dir, { recursive: true, force: true });
+  const { stdout, results } = runBench(['--rounds', '1', '--only', 'interleave,service,memory', '--scale', '0.01'], 120000);
+  const lines = stdout.split('\n');
+  const rowFor = (label) => {
+    const row = lines.find((l) => l.startsWith(`| ${label} |`));
+    assert.ok(row, `no row for ${label}:\n${stdout}`);
+    return row;
+  };
+  assert.match(rowFor('with() cycling 16 SDK spans, added time per call (ours − stock)'), /[+-]?\d+\.\d+ ns/);
+  assert.match(rowFor('bare await, 16 interleaved SDK spans (ours/floor)'), /\| \d+\.\d\d/);
+  assert.match(rowFor('Express service server CPU per request (ours/stock)'), /\| \d+\.\d\d/);
+  assert.match(rowFor('bytes per bare await, 16 interleaved SDK spans (ours − floor)'), /[+-]?\d+(\.\d)? B/);
+  const [round] = results.interleave[process.versions.node].rounds;
+  for (const variant of ['stock', 'floor', 'store', 'ours']) {
+    for (const field of ['withNs', 'awaitNs', 'hopNs']) assert.ok(round[variant][field] > 0, `${variant} ${field}`);
+  }
+  const [service] = results.service[process.versions.node].rounds;
+  for (const variant of ['none', 'stock', 'floor', 'ours']) {
+    assert.ok(service[variant].requests > 0 && service[variant].cpuNsPerRequest > 0, variant);
+    // Traced variants export the server, Express and client spans of each request.
+    if (variant !== 'none') assert.ok(service[variant].spans >= service[variant].requests * 3, `${variant} spans`);
   }
 });
 
 test('bench/run.js --quick runs the switching suites: one server taking turns with stock, the floor and ours', () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-bench-'));
-  const json = path.join(dir, 'results.json');
-  try {
-    const r = spawnSync(
-      process.execPath,
-      [
-        'bench/run.js', '--quick', '--rounds', '1', '--only', 'http-switching,service-switching', '--scale', '0.2',
-        '--node', process.execPath, '--json', json,
-      ],
-      { cwd: ROOT, encoding: 'utf8', timeout: 120000 },
-    );
-    assert.strictEqual(r.status, 0, r.stderr);
-    assert.match(r.stdout, /\| http server CPU per request, one process switching managers \(ours\/stock\) \| \d+\.\d\d/);
-    assert.match(r.stdout, /\| Express service server CPU per request, one process switching managers \(ours\/stock\) \| \d+\.\d\d/);
-    const { results } = JSON.parse(fs.readFileSync(json, 'utf8'));
-    const classes = { stock: 'AsyncLocalStorageContextManager', floor: 'FloorContextManager', ours: 'ProfilingContextManager' };
-    for (const suite of ['http-switching', 'service-switching']) {
-      const [round] = results[suite][process.versions.node].rounds;
-      for (const [variant, manager] of Object.entries(classes)) {
-        assert.strictEqual(round[variant].manager, manager, `${suite} ${variant}`);
-        assert.ok(round[variant].requests > 0 && round[variant].cpuNsPerRequest > 0, `${suite} ${variant}`);
-      }
+  const { stdout, results } = runBench(['--rounds', '1', '--only', 'http-switching,service-switching', '--scale', '0.2'], 120000);
+  assert.match(stdout, /\| http server CPU per request, one process switching managers \(ours\/stock\) \| \d+\.\d\d/);
+  assert.match(stdout, /\| Express service server CPU per request, one process switching managers \(ours\/stock\) \| \d+\.\d\d/);
+  const classes = { stock: 'AsyncLocalStorageContextManager', floor: 'FloorContextManager', ours: 'ProfilingContextManager' };
+  for (const suite of ['http-switching', 'service-switching']) {
+    const [round] = results[suite][process.versions.node].rounds;
+    for (const [variant, manager] of Object.entries(classes)) {
+      assert.strictEqual(round[variant].manager, manager, `${suite} ${variant}`);
+      assert.ok(round[variant].requests > 0 && round[variant].cpuNsPerRequest > 0, `${suite} ${variant}`);
     }
-  } finally {
-    fs.rmSync(dir, { recursive: true, force: true });
   }
 });

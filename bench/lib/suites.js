@@ -277,69 +277,57 @@ async function switchingLoad(server, url, opts, { burst, cycles }) {
   }
 }
 
-const httpSwitching = {
-  name: 'http-switching',
-  variants: SWITCHED,
-  rounds: { full: 3, quick: 1 },
-  async runRound(node, opts) {
-    const server = await startCase(node, 'http-server', { manager: SWITCHED }, { core: 0 });
+/**
+ * A switching suite: `title` names its rows, `detail` its detail row, and
+ * `runRound(node, opts)` runs one switching server (switchingLoad).
+ */
+function switchingSuite(name, title, detail, runRound) {
+  return {
+    name,
+    variants: SWITCHED,
+    rounds: { full: 3, quick: 1 },
+    runRound,
+    rows: [
+      {
+        label: `${title} server CPU per request, one process switching managers (ours/stock)`,
+        unit: 'ratio',
+        value: (r) => r.ours.cpuNsPerRequest / r.stock.cpuNsPerRequest,
+        target: { n20: 1.05, n24: 1.05 },
+      },
+      {
+        label: `${title} server CPU per request, one process switching managers (ours/floor)`,
+        unit: 'ratio',
+        value: (r) => r.ours.cpuNsPerRequest / r.floor.cpuNsPerRequest,
+        target: null,
+      },
+    ],
+    details: [{ label: `${detail} server CPU per request, switching managers`, field: 'cpuNsPerRequest', unit: 'us' }],
+  };
+}
+
+const httpSwitching = switchingSuite('http-switching', 'http', 'http', async (node, opts) => {
+  const server = await startCase(node, 'http-server', { manager: SWITCHED }, { core: 0 });
+  try {
+    return await switchingLoad(server, `http://127.0.0.1:${server.first.port}/`, opts, { burst: 300, cycles: 80 });
+  } finally {
+    server.child.kill('SIGKILL');
+  }
+});
+
+const serviceSwitching = switchingSuite('service-switching', 'Express service', 'service', async (node, opts) => {
+  const upstream = await startCase(process.execPath, 'upstream', {}, { core: 1 });
+  try {
+    const params = { manager: SWITCHED, upstream: `http://127.0.0.1:${upstream.first.port}` };
+    const server = await startCase(node, 'service-server', params, { core: 0 });
     try {
-      return await switchingLoad(server, `http://127.0.0.1:${server.first.port}/`, opts, { burst: 300, cycles: 80 });
+      return await switchingLoad(server, `http://127.0.0.1:${server.first.port}/orders/42`, opts, { burst: 100, cycles: 80 });
     } finally {
       server.child.kill('SIGKILL');
     }
-  },
-  rows: [
-    {
-      label: 'http server CPU per request, one process switching managers (ours/stock)',
-      unit: 'ratio',
-      value: (r) => r.ours.cpuNsPerRequest / r.stock.cpuNsPerRequest,
-      target: { n20: 1.05, n24: 1.05 },
-    },
-    {
-      label: 'http server CPU per request, one process switching managers (ours/floor)',
-      unit: 'ratio',
-      value: (r) => r.ours.cpuNsPerRequest / r.floor.cpuNsPerRequest,
-      target: null,
-    },
-  ],
-  details: [{ label: 'http server CPU per request, switching managers', field: 'cpuNsPerRequest', unit: 'us' }],
-};
-
-const serviceSwitching = {
-  name: 'service-switching',
-  variants: SWITCHED,
-  rounds: { full: 3, quick: 1 },
-  async runRound(node, opts) {
-    const upstream = await startCase(process.execPath, 'upstream', {}, { core: 1 });
-    try {
-      const params = { manager: SWITCHED, upstream: `http://127.0.0.1:${upstream.first.port}` };
-      const server = await startCase(node, 'service-server', params, { core: 0 });
-      try {
-        return await switchingLoad(server, `http://127.0.0.1:${server.first.port}/orders/42`, opts, { burst: 100, cycles: 80 });
-      } finally {
-        server.child.kill('SIGKILL');
-      }
-    } finally {
-      await upstream.stop();
-    }
-  },
-  rows: [
-    {
-      label: 'Express service server CPU per request, one process switching managers (ours/stock)',
-      unit: 'ratio',
-      value: (r) => r.ours.cpuNsPerRequest / r.stock.cpuNsPerRequest,
-      target: { n20: 1.05, n24: 1.05 },
-    },
-    {
-      label: 'Express service server CPU per request, one process switching managers (ours/floor)',
-      unit: 'ratio',
-      value: (r) => r.ours.cpuNsPerRequest / r.floor.cpuNsPerRequest,
-      target: null,
-    },
-  ],
-  details: [{ label: 'service server CPU per request, switching managers', field: 'cpuNsPerRequest', unit: 'us' }],
-};
+  } finally {
+    await upstream.stop();
+  }
+});
 
 const http = {
   name: 'http',
