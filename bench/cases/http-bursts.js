@@ -12,7 +12,7 @@
 // params: { url, connections }
 
 const http = require('node:http');
-const { params, report } = require('../lib/common');
+const { params, report, onLines } = require('../lib/common');
 
 const { url, connections = 10 } = params();
 if (!/^http:\/\/127\.0\.0\.1:\d+\//.test(url)) throw new Error(`refusing to load anything but 127.0.0.1: ${url}`);
@@ -48,15 +48,9 @@ async function burst(amount) {
 }
 
 let queue = Promise.resolve();
-let pending = '';
-process.stdin.setEncoding('utf8');
-process.stdin.on('data', (chunk) => {
-  pending += chunk;
-  for (let nl = pending.indexOf('\n'); nl >= 0; nl = pending.indexOf('\n')) {
-    const amount = Number.parseInt(pending.slice(0, nl), 10);
-    pending = pending.slice(nl + 1);
-    queue = queue.then(async () => report(await burst(amount)));
-  }
+onLines(process.stdin, (line) => {
+  const amount = Number.parseInt(line, 10);
+  queue = queue.then(async () => report(await burst(amount)));
 });
 process.stdin.on('end', () => queue.then(() => process.exit(0)));
 report({ ready: true });

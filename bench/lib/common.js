@@ -146,6 +146,20 @@ function traceService(manager, instrumentations) {
   };
 }
 
+/** Calls `onLine(line)` for every line that `stream` delivers, without its newline. */
+function onLines(stream, onLine) {
+  let pending = '';
+  stream.setEncoding('utf8');
+  stream.on('data', (chunk) => {
+    pending += chunk;
+    for (let nl = pending.indexOf('\n'); nl >= 0; nl = pending.indexOf('\n')) {
+      const line = pending.slice(0, nl);
+      pending = pending.slice(nl + 1);
+      onLine(line);
+    }
+  });
+}
+
 /**
  * For a server whose `tracing` switches managers: answers the parent's
  * stdin lines `use <kind>` (switches, then prints {"using", "manager"}, the
@@ -154,23 +168,17 @@ function traceService(manager, instrumentations) {
  * each with one JSON line on stdout. Calls `stop()` when stdin ends.
  */
 function answerSwitches(tracing, stop) {
-  let pending = '';
-  process.stdin.setEncoding('utf8');
-  process.stdin.on('data', (chunk) => {
-    pending += chunk;
-    for (let nl = pending.indexOf('\n'); nl >= 0; nl = pending.indexOf('\n')) {
-      const [command, kind] = pending.slice(0, nl).trim().split(' ');
-      pending = pending.slice(nl + 1);
-      if (command === 'use') {
-        tracing.use(kind);
-        report({ using: kind, manager: require('@opentelemetry/api').context._getContextManager().constructor.name });
-      } else if (command === 'mark') {
-        const { user, system } = process.cpuUsage();
-        report({ cpuNs: (user + system) * 1000 });
-      }
+  onLines(process.stdin, (line) => {
+    const [command, kind] = line.trim().split(' ');
+    if (command === 'use') {
+      tracing.use(kind);
+      report({ using: kind, manager: require('@opentelemetry/api').context._getContextManager().constructor.name });
+    } else if (command === 'mark') {
+      const { user, system } = process.cpuUsage();
+      report({ cpuNs: (user + system) * 1000 });
     }
   });
   process.stdin.on('end', stop);
 }
 
-module.exports = { ROOT, params, report, installManager, createManager, traceService, answerSwitches, spanContext, since, cpuNs, median };
+module.exports = { ROOT, params, report, installManager, createManager, traceService, answerSwitches, onLines, spanContext, since, cpuNs, median };

@@ -10,6 +10,7 @@
 // AsyncLocalStorage follows V8's continuation-preserved data).
 
 const { runCase, startCase, processCpuNs, canPin } = require('./processes');
+const { onLines } = require('./common');
 
 const count = (n, { quick, scale }) => Math.max(2, Math.round(n * (quick ? 0.25 : 1) * scale));
 
@@ -202,14 +203,8 @@ async function serviceRun(node, manager, opts) {
  */
 function lineControl(started) {
   const waiting = [];
-  let pending = '';
-  started.child.stdout.on('data', (d) => {
-    pending += d;
-    for (let nl = pending.indexOf('\n'); nl >= 0; nl = pending.indexOf('\n')) {
-      const line = pending.slice(0, nl);
-      pending = pending.slice(nl + 1);
-      if (line.startsWith('{') && waiting.length > 0) waiting.shift().resolve(JSON.parse(line));
-    }
+  onLines(started.child.stdout, (line) => {
+    if (line.startsWith('{') && waiting.length > 0) waiting.shift().resolve(JSON.parse(line));
   });
   started.child.on('close', (code, signal) => {
     for (const w of waiting.splice(0)) w.reject(new Error(`the process exited with ${code ?? signal}`));
