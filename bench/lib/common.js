@@ -5,6 +5,7 @@
 // prints exactly one JSON line on stdout as its result.
 
 const path = require('node:path');
+const { median } = require('./stats');
 
 const ROOT = path.resolve(__dirname, '..', '..');
 
@@ -91,12 +92,6 @@ function since(start) {
 function cpuNs() {
   const u = process.cpuUsage();
   return (u.user + u.system) * 1000;
-}
-
-function median(values) {
-  const s = [...values].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
 }
 
 /**
