@@ -1,15 +1,22 @@
 #!/usr/bin/env node
 'use strict';
-// Where a traced server's CPU goes: the share of its on-CPU samples whose
-// innermost frame is the package's own code (js/, index.js, the addon),
-// measured with Linux `perf` on the http and Express service servers of
-// `npm run bench` under load, with ProfilingContextManager.
+// Where a traced server's CPU goes, measured with Linux `perf` (call
+// graphs) on the http and Express service servers of `npm run bench` under
+// load, with ProfilingContextManager, as two shares of its on-CPU samples:
+//
+// - self time: the innermost frame is the package's own code (js/,
+//   index.js, the addon);
+// - the package and what it calls: a package frame is on the stack below
+//   the innermost AsyncLocalStorage run(), so the store reads, runtime
+//   calls and collections that our hooks and with() set off count, and
+//   the callbacks that with() runs do not.
 //
 // Unlike the servers' CPU ratios, this does not compare two processes, so
-// the host's speed changes cancel out (they stretch every frame alike). It
-// is a lower bound of what ours costs above the floor: our code that V8
-// inlined into a caller outside the package counts as that caller, and the
-// garbage collection of what we allocate counts as the collector.
+// the host's speed changes cancel out (they stretch every frame alike).
+// Both are lower bounds of what ours costs above the floor: our code that
+// V8 inlined into a caller outside the package counts as that caller, and
+// what we allocate and leave to a later collection, or the cache lines we
+// take from the code around us, count where they are paid.
 //
 //   node bench/self-time.js [--node <path>[,<path>...]] [--only http,service]
 //                           [--requests N] [--frequency HZ]
@@ -70,28 +77,57 @@ const addon = require('../js/native').addonPath();
 if (addon) OURS.push(path.basename(addon));
 
 /**
- * Per-symbol sample counts of a perf.data file: [{ samples, line }], from
- * `perf report` sorted by shared object and symbol, self time only.
+ * The call stacks of a perf.data file recorded with `-g`, innermost frame
+ * first; each frame is `<address> <symbol> (<object>)` as `perf script`
+ * prints it.
  */
-function symbolSamples(data) {
-  const r = spawnSync('perf', ['report', '-i', data, '--stdio', '-n', '--no-children', '--sort', 'dso,sym', '-g', 'none'], {
-    encoding: 'utf8',
-    maxBuffer: 64 * 2 ** 20,
-  });
-  if (r.status !== 0) throw new Error(`perf report failed: ${r.stderr}`);
-  const rows = [];
-  for (const line of r.stdout.split('\n')) {
-    const m = /^\s*[\d.]+%\s+(\d+)\s+(.*)$/.exec(line);
-    if (m) rows.push({ samples: Number(m[1]), line: m[2] });
-  }
-  return rows;
+function sampleStacks(data) {
+  const r = spawnSync('perf', ['script', '-i', data, '-F', 'ip,sym,dso'], { encoding: 'utf8', maxBuffer: 1024 * 2 ** 20 });
+  if (r.status !== 0) throw new Error(`perf script failed: ${r.stderr}`);
+  return r.stdout
+    .split(/\n\s*\n/)
+    .map((block) => block.split('\n').map((line) => line.trim()).filter(Boolean))
+    .filter((frames) => frames.length > 0);
 }
 
-/** `JS:*publishContext /path/js/context-manager.js:126:24` → `publishContext (context-manager.js)`. */
-function functionName(line) {
-  const js = /JS:[*~^'+]*([^ ]*) (\S+?):\d+:\d+/.exec(line);
+const isOurs = (frame) => OURS.some((needle) => frame.includes(needle));
+
+/**
+ * AsyncLocalStorage's run(), on either implementation: what runs above it
+ * is the callback that with() runs (application and instrumentation code),
+ * not the package's work.
+ */
+const RUNS_CALLBACK = /JS:\S*\brun node:(async_hooks|internal\/async_local_storage\/)/;
+
+/** The script of a JavaScript frame (`node:...` for Node's own), or null. */
+function scriptOf(frame) {
+  const m = /JS:.*?(\S+):\d+:\d+(?: \(|$)/.exec(frame);
+  return m ? m[1] : null;
+}
+
+/**
+ * Whether a sample was spent in the package's code or in what that code
+ * calls (getStore(), the runtime, a collection it sets off): the nearest
+ * package frame up the stack is reached through native frames and Node's
+ * own JavaScript only, and before any run() of a with(). Where V8 inlined
+ * run() into with(), the callback's own frame (application code) still
+ * ends the walk.
+ */
+function inPackageWork(frames) {
+  for (const frame of frames) {
+    if (isOurs(frame)) return true;
+    if (RUNS_CALLBACK.test(frame)) return false;
+    const script = scriptOf(frame);
+    if (script !== null && !script.startsWith('node:')) return false;
+  }
+  return false;
+}
+
+/** `7f.. JS:*publishContext /path/js/context-manager.js:126:24 (/tmp/perf-1.map)` → `publishContext (context-manager.js)`. */
+function functionName(frame) {
+  const js = /JS:[*~^'+]*([^ ]*) (\S+?):\d+:\d+/.exec(frame);
   if (js) return `${js[1] || '(anonymous)'} (${path.basename(js[2])})`;
-  return line.replace(/^.*\[\.\]\s*/, '').trim();
+  return frame.replace(/^[0-9a-f]+\s+/, '').replace(/\s+\([^)]*\)$/, '');
 }
 
 async function profileCase(node, name, opts) {
@@ -108,7 +144,7 @@ async function profileCase(node, name, opts) {
     server = await startCase(node, spec.server, params, { core: 0, nodeArgs: ['--perf-basic-prof'] });
     const url = `http://127.0.0.1:${server.first.port}${spec.path}`;
     await runCase(process.execPath, 'http-load', { url, amount: Math.ceil(requests / 3), connections: 10 }, { core: 1 });
-    perf = spawn('perf', ['record', '-q', '-F', String(opts.frequency), '-p', String(server.first.pid), '-o', data], {
+    perf = spawn('perf', ['record', '-q', '-g', '-F', String(opts.frequency), '-p', String(server.first.pid), '-o', data], {
       stdio: ['ignore', 'ignore', 'pipe'],
     });
     let perfErr = '';
@@ -121,17 +157,19 @@ async function profileCase(node, name, opts) {
     const code = await perfDone;
     if (!fs.existsSync(data)) throw new Error(`perf record failed (${code}): ${perfErr.trim()}`);
     if (load.errors > 0) throw new Error(`${load.errors} failed requests`);
-    const rows = symbolSamples(data);
-    const total = rows.reduce((sum, row) => sum + row.samples, 0);
+    const stacks = sampleStacks(data);
     const byFunction = new Map();
-    for (const row of rows) {
-      if (!OURS.some((needle) => row.line.includes(needle))) continue;
-      const fn = functionName(row.line);
-      byFunction.set(fn, (byFunction.get(fn) ?? 0) + row.samples);
+    let inclusive = 0;
+    for (const frames of stacks) {
+      if (inPackageWork(frames)) inclusive++;
+      if (!isOurs(frames[0])) continue;
+      const fn = functionName(frames[0]);
+      byFunction.set(fn, (byFunction.get(fn) ?? 0) + 1);
     }
+    const total = stacks.length;
     const ours = [...byFunction.values()].reduce((a, b) => a + b, 0);
     const top = [...byFunction.entries()].sort((a, b) => b[1] - a[1]).slice(0, 6);
-    return { total, ours, top, rps: load.rps };
+    return { total, ours, inclusive, top, rps: load.rps };
   } finally {
     // A failed load would leave perf attached to the server; SIGINT ends it.
     if (perf && perf.exitCode === null) perf.kill('SIGINT');
@@ -149,7 +187,10 @@ async function main() {
   const opts = parseArgs(process.argv.slice(2));
   if (spawnSync('perf', ['--version'], { stdio: 'ignore' }).status !== 0) fail('needs `perf` (linux-perf) on PATH');
   if (!addon) fail('the addon is missing; build it first with `npm install`');
-  const lines = ['| case | Node | samples | self time in the package | its largest functions |', '| --- | --- | ---: | ---: | --- |'];
+  const lines = [
+    '| case | Node | samples | self time in the package | the package and what it calls | its largest functions (self) |',
+    '| --- | --- | ---: | ---: | ---: | --- |',
+  ];
   for (const node of opts.nodes) {
     const version = spawnSync(node, ['-p', 'process.versions.node'], { encoding: 'utf8' }).stdout.trim();
     for (const name of opts.only) {
@@ -157,7 +198,7 @@ async function main() {
       const r = await profileCase(node, name, opts);
       const share = (n) => `${((100 * n) / r.total).toFixed(2)} %`;
       const top = r.top.map(([fn, n]) => `${fn} ${share(n)}`).join(', ');
-      lines.push(`| ${name} | ${version} | ${r.total} | ${share(r.ours)} | ${top} |`);
+      lines.push(`| ${name} | ${version} | ${r.total} | ${share(r.ours)} | ${share(r.inclusive)} | ${top} |`);
     }
   }
   console.log(lines.join('\n'));
