@@ -36,7 +36,7 @@ const CASES = {
 };
 
 function parseArgs(argv) {
-  const opts = { nodes: [], only: Object.keys(CASES), requests: null, frequency: 999 };
+  const opts = { nodes: [], only: Object.keys(CASES), requests: null, frequency: 2999 };
   for (let i = 0; i < argv.length; i++) {
     const value = () => {
       if (i + 1 >= argv.length) fail(`${argv[i]} needs a value`);
