@@ -248,7 +248,11 @@ async function switchingLoad(server, url, opts, { burst, cycles }) {
     }
     const turns = opts.quick ? 1 : cycles;
     for (let c = 0; c < turns; c++) {
-      const order = c % 2 === 0 ? SWITCHED : [...SWITCHED].reverse();
+      // Each cycle starts one manager further on: every manager takes
+      // every place in a cycle equally often, follows each of the others,
+      // and never takes two turns in a row (as reversing the order would
+      // give the first and the last at every reversal).
+      const order = SWITCHED.map((_, i) => SWITCHED[(c + i) % SWITCHED.length]);
       for (const kind of order) {
         totals[kind].manager = (await ask(`use ${kind}`)).manager;
         await load(Math.max(2, Math.round(requests / 10)));
