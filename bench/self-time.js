@@ -6,10 +6,11 @@
 //
 // - self time: the innermost frame is the package's own code (js/,
 //   index.js, the addon);
-// - the package and what it calls: a package frame is on the stack below
-//   the innermost AsyncLocalStorage run(), so the store reads, runtime
-//   calls and collections that our hooks and with() set off count, and
-//   the callbacks that with() runs do not.
+// - the package and what it calls: the nearest package frame up the stack
+//   is reached through native frames and Node's own JavaScript only, before
+//   any AsyncLocalStorage run(), so the store reads, runtime calls and
+//   collections that our hooks and with() set off count, and the callbacks
+//   that with() runs do not.
 //
 // Unlike the servers' CPU ratios, this does not compare two processes, so
 // the host's speed changes cancel out (they stretch every frame alike).
