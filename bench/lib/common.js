@@ -169,8 +169,7 @@ function answerSwitches(tracing, stop) {
       tracing.use(kind);
       report({ using: kind, manager: require('@opentelemetry/api').context._getContextManager().constructor.name });
     } else if (command === 'mark') {
-      const { user, system } = process.cpuUsage();
-      report({ cpuNs: (user + system) * 1000 });
+      report({ cpuNs: cpuNs() });
     }
   });
   process.stdin.on('end', stop);
