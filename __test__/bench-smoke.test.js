@@ -40,6 +40,9 @@ test('bench/run.js --quick prints a table of numbers and writes JSON', () => {
     assert.ok(row, `no row for ${label}:\n${stdout}`);
     assert.match(row, /[+-]?\d+\.\d+ ns/);
   }
+  const [sync] = results.sync[process.versions.node].rounds;
+  assert.equal(sync.stock.manager, 'AsyncLocalStorageContextManager');
+  assert.equal(sync.ours.manager, 'ProfilingContextManager');
   const rows = results.direct[process.versions.node].rows;
   assert.ok(rows.every((row) => Number.isFinite(row.median) && row.median > 0));
 });
@@ -56,9 +59,20 @@ test('bench/run.js --quick runs the interleave, service and memory cases with st
   assert.match(rowFor('bare await, 16 interleaved SDK spans (ours/floor)'), /\| \d+\.\d\d/);
   assert.match(rowFor('Express service server CPU per request (ours/stock)'), /\| \d+\.\d\d/);
   assert.match(rowFor('bytes per bare await, 16 interleaved SDK spans (ours − floor)'), /[+-]?\d+(\.\d)? B/);
+  // One process, the variants taking turns, each its own manager.
   const [round] = results.interleave[process.versions.node].rounds;
-  for (const variant of ['stock', 'floor', 'store', 'ours']) {
+  const managers = {
+    stock: 'AsyncLocalStorageContextManager',
+    floor: 'FloorContextManager',
+    store: 'FloorContextManager',
+    ours: 'ProfilingContextManager',
+  };
+  for (const [variant, manager] of Object.entries(managers)) {
+    assert.equal(round[variant].manager, manager, variant);
     for (const field of ['withNs', 'awaitNs', 'hopNs']) assert.ok(round[variant][field] > 0, `${variant} ${field}`);
+    for (const field of ['withTurns', 'awaitTurns', 'hopTurns']) {
+      assert.ok(round[variant][field].length >= 2 && round[variant][field].every((ns) => ns > 0), `${variant} ${field}`);
+    }
   }
   const [service] = results.service[process.versions.node].rounds;
   for (const variant of ['none', 'stock', 'floor', 'ours']) {

@@ -5,48 +5,49 @@
 //   record write);
 // - 16 loops of bare `await null`, interleaving: ns per continuation;
 // - the same with a setImmediate hop every 8th await: ns per continuation.
-// Time is the process's CPU time (the phases never idle, so it is their busy
-// time, and time other processes take on a shared core does not count),
-// and each figure is the fastest of the batches: interference only ever
-// adds time, so the minimum is the figure least disturbed by it.
+// The variants take turns in this one process (bench/lib/turns.js), each
+// with its own copy of the API, its manager and the workload. Time is the
+// process's CPU time (the turns never idle, so it is their busy time, and
+// time other processes take on a shared core does not count).
 //
-// params: { manager, withCalls, awaits (per loop and batch), batches }
+// params: { variants, withCalls (per turn), awaits (per loop and turn), cycles }
+// Prints { [variant]: { manager, withNs, awaitNs, hopNs, withTurns, awaitTurns, hopTurns } }:
+// its manager's class, the median turn's ns per operation, and every
+// cycle's turn.
 
-const { params, report, installManager, cpuNs } = require('../lib/common');
+const path = require('node:path');
+const { params, report } = require('../lib/common');
+const { median } = require('../lib/stats');
+const { isolatedVariant, takeTurns, managerNames } = require('../lib/turns');
 
-const { manager, withCalls = 2e6, awaits = 20000, batches = 7 } = params();
-installManager(manager);
-const { LOOPS, withCycle, awaitLoops } = require('../lib/interleave');
+const { variants: kinds = ['stock', 'floor', 'store', 'ours'], withCalls = 250000, awaits = 4000, cycles = 40 } = params();
 
-async function measureAsync(body) {
-  await body();
-  await body();
-  const per = [];
-  for (let b = 0; b < batches; b++) {
-    const start = cpuNs();
-    await body();
-    per.push((cpuNs() - start) / (LOOPS * awaits));
-  }
-  return Math.min(...per);
-}
+const WORKLOAD = path.join(__dirname, '..', 'lib', 'interleave.js');
+const variants = kinds.map((kind) => isolatedVariant(kind, () => require(WORKLOAD)));
 
-function measureWith() {
-  let check = withCycle(Math.max(1000, withCalls >> 2)) + withCycle(Math.max(1000, withCalls >> 2));
-  const per = [];
-  for (let b = 0; b < batches; b++) {
-    const start = cpuNs();
-    check += withCycle(withCalls);
-    per.push((cpuNs() - start) / withCalls);
-  }
-  if (check <= 0) throw new Error('unexpected result');
-  return Math.min(...per);
+function withTurn(variant, calls) {
+  if (variant.workload.withCycle(calls) !== calls) throw new Error('unexpected result');
 }
 
 async function main() {
-  const withNs = measureWith();
-  const awaitNs = await measureAsync(() => awaitLoops(awaits));
-  const hopNs = await measureAsync(() => awaitLoops(awaits, 8));
-  report({ withNs, awaitNs, hopNs });
+  const { LOOPS } = variants[0].workload;
+  const loopAwaits = (continuations) => Math.max(1, Math.round(continuations / LOOPS));
+  const continuations = awaits * LOOPS;
+  const phases = {
+    with: await takeTurns(variants, withTurn, { size: withCalls, cycles }),
+    await: await takeTurns(variants, (v, n) => v.workload.awaitLoops(loopAwaits(n)), { size: continuations, cycles }),
+    hop: await takeTurns(variants, (v, n) => v.workload.awaitLoops(loopAwaits(n), 8), { size: continuations, cycles }),
+  };
+  const result = {};
+  const names = managerNames(variants);
+  for (const kind of kinds) {
+    result[kind] = { manager: names[kind] };
+    for (const [phase, turns] of Object.entries(phases)) {
+      result[kind][`${phase}Ns`] = median(turns[kind]);
+      result[kind][`${phase}Turns`] = turns[kind];
+    }
+  }
+  report(result);
 }
 
 main();

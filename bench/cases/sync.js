@@ -1,56 +1,40 @@
 'use strict';
 // sync: `context.with(ctxWithSpan, fn)` with a trivial fn, flat and nested
-// three deep. Prints the fastest batch's ns per outer call, in process CPU
-// time, as the interleave case does: interference only ever adds time, and
-// time another process takes on a shared core does not count.
+// three deep (three different spans; bench/lib/nested-with.js). The
+// variants take turns in this one process (bench/lib/turns.js), each with
+// its own copy of the API, its manager and the workload; time is process
+// CPU time, as in the interleave case.
 //
-// params: { manager, iterations, batches }
+// params: { variants, iterations (per turn), cycles }
+// Prints { [variant]: { manager, flatNs, nestedNs, flatTurns, nestedTurns } }: the
+// manager's class, the median turn's ns per outer call, and every
+// cycle's turn.
 
-const { params, report, installManager, spanContext, cpuNs } = require('../lib/common');
+const path = require('node:path');
+const { params, report } = require('../lib/common');
+const { median } = require('../lib/stats');
+const { isolatedVariant, takeTurns, managerNames } = require('../lib/turns');
 
-const { manager, iterations = 2e6, batches = 5 } = params();
-installManager(manager);
-const { context, trace, ROOT_CONTEXT } = require('@opentelemetry/api');
+const { variants: kinds = ['stock', 'ours'], iterations = 250000, cycles = 40 } = params();
 
-const ctxA = trace.setSpanContext(ROOT_CONTEXT, spanContext(1));
-const ctxB = trace.setSpanContext(ROOT_CONTEXT, spanContext(2));
-const ctxC = trace.setSpanContext(ROOT_CONTEXT, spanContext(3));
+const WORKLOAD = path.join(__dirname, '..', 'lib', 'nested-with.js');
+const variants = kinds.map((kind) => isolatedVariant(kind, () => require(WORKLOAD)));
 
-function leaf() {
-  return 1;
-}
-function level2() {
-  return context.with(ctxC, leaf);
-}
-function level1() {
-  return context.with(ctxB, level2);
-}
-
-function flat(n) {
-  let sum = 0;
-  for (let i = 0; i < n; i++) sum += context.with(ctxA, leaf);
-  return sum;
+function turnOf(body) {
+  return (variant, n) => {
+    if (variant.workload[body](n) !== n) throw new Error('unexpected result');
+  };
 }
 
-function nested(n) {
-  let sum = 0;
-  for (let i = 0; i < n; i++) sum += context.with(ctxA, level1);
-  return sum;
-}
-
-/** The fastest of `batches` timed batches of `body(n)`, in CPU ns per call, after warm-up. */
-function measure(body, n) {
-  let check = body(Math.max(1000, n >> 2)) + body(Math.max(1000, n >> 2));
-  const perCall = [];
-  for (let b = 0; b < batches; b++) {
-    const start = cpuNs();
-    check += body(n);
-    perCall.push((cpuNs() - start) / n);
+async function main() {
+  const flat = await takeTurns(variants, turnOf('flat'), { size: iterations, cycles });
+  const nested = await takeTurns(variants, turnOf('nested'), { size: Math.max(1, Math.round(iterations / 3)), cycles });
+  const result = {};
+  const names = managerNames(variants);
+  for (const kind of kinds) {
+    result[kind] = { manager: names[kind], flatNs: median(flat[kind]), nestedNs: median(nested[kind]), flatTurns: flat[kind], nestedTurns: nested[kind] };
   }
-  if (check <= 0) throw new Error('unexpected result');
-  return { nsPerCall: Math.min(...perCall), batches: perCall };
+  report(result);
 }
 
-const flatResult = measure(flat, iterations);
-const nestedResult = measure(nested, Math.max(1, Math.round(iterations / 3)));
-report({ flatNs: flatResult.nsPerCall, nestedNs: nestedResult.nsPerCall, flat: flatResult, nested: nestedResult });
+main();

@@ -76,12 +76,16 @@ function floorHooks(body) {
 class FloorContextManager extends AsyncLocalStorageContextManager {
   constructor({ readsStore = false } = {}) {
     super();
-    this._hooks = floorHooks(readsStore ? storeReader(this._asyncLocalStorage) : nothing);
+    this._readsStore = readsStore;
+    // Made on the first enable(), so a store reader reads the storage the
+    // manager has then (bench/lib/turns.js gives its managers one).
+    this._hooks = null;
     this._hooksOn = false;
   }
 
   enable() {
     super.enable();
+    this._hooks ??= floorHooks(this._readsStore ? storeReader(this._asyncLocalStorage) : nothing);
     if (!this._hooksOn) this._hooks.enable();
     this._hooksOn = true;
     return this;

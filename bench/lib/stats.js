@@ -14,4 +14,16 @@ function summarize(values) {
   return { median: median(v), min: Math.min(...v), max: Math.max(...v), n: v.length };
 }
 
-module.exports = { median, summarize };
+/**
+ * The median over cycles of `a[i] / b[i]` (or `a[i] - b[i]` with
+ * `difference`): two variants' turns in the same cycle compared, for
+ * turns taken in one process (bench/lib/turns.js).
+ */
+function pairedMedian(a, b, { difference = false } = {}) {
+  const n = Math.min(a.length, b.length);
+  const values = [];
+  for (let i = 0; i < n; i++) values.push(difference ? a[i] - b[i] : a[i] / b[i]);
+  return median(values);
+}
+
+module.exports = { median, summarize, pairedMedian };

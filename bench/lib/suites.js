@@ -1,36 +1,45 @@
 'use strict';
 // The benchmarks: what each runs per round and variant, and the rows it
 // contributes to the summary table. Every round runs each variant in its own
-// process, except in the switching suites (`runRound`), where one server
-// switches between the variants; `value(round)` turns one round ({ stock,
-// floor, ours, none, direct } results) into one number, and the table shows
-// their median and spread.
+// process, except in the suites with `runRound`, where one process takes
+// turns with the variants: the switching servers, and the sync and
+// interleave micro-benchmarks (bench/lib/turns.js). `value(round)` turns
+// one round ({ stock, floor, ours, none, direct } results) into one number,
+// and the table shows their median and spread.
 //
 // Targets: `n20` applies to Node < 24, `n24` to Node >= 24 (where
 // AsyncLocalStorage follows V8's continuation-preserved data).
 
 const { runCase, startCase, processCpuNs, canPin } = require('./processes');
 const { onLines } = require('./common');
+const { pairedMedian } = require('./stats');
 
 const count = (n, { quick, scale }) => Math.max(2, Math.round(n * (quick ? 0.25 : 1) * scale));
+
+/** Two variants' turns in the same cycles compared (bench/lib/turns.js): the median ratio. */
+const turnsRatio = (phase, a, b) => (r) => pairedMedian(r[a][`${phase}Turns`], r[b][`${phase}Turns`]);
+/** The same, the median difference. */
+const turnsDifference = (phase, a, b) => (r) =>
+  pairedMedian(r[a][`${phase}Turns`], r[b][`${phase}Turns`], { difference: true });
 
 const sync = {
   name: 'sync',
   variants: ['stock', 'ours'],
-  rounds: { full: 7, quick: 2 },
-  run: (node, manager, opts) =>
-    runCase(node, 'sync', { manager, iterations: count(2e6, opts), batches: opts.quick ? 3 : 7 }),
+  rounds: { full: 5, quick: 1 },
+  // One process per round, the variants taking turns (bench/lib/turns.js).
+  runRound: (node, opts) =>
+    runCase(node, 'sync', { variants: ['stock', 'ours'], iterations: count(250000, opts), cycles: opts.quick ? 2 : 40 }, { core: 0 }),
   rows: [
     {
       label: 'sync context.with() added time per call',
       unit: 'ns+',
-      value: (r) => r.ours.flatNs - r.stock.flatNs,
+      value: turnsDifference('flat', 'ours', 'stock'),
       target: { n20: 15, n24: 15 },
     },
     {
       label: 'sync context.with() nested 3 deep, added time per with()',
       unit: 'ns+',
-      value: (r) => (r.ours.nestedNs - r.stock.nestedNs) / 3,
+      value: (r) => turnsDifference('nested', 'ours', 'stock')(r) / 3,
       target: { n20: 15, n24: 15 },
     },
   ],
@@ -64,61 +73,67 @@ const async = {
 const interleave = {
   name: 'interleave',
   variants: ['stock', 'floor', 'store', 'ours'],
-  rounds: { full: 7, quick: 2 },
-  run: (node, manager, opts) =>
-    runCase(node, 'interleave', {
-      manager,
-      withCalls: count(2e6, opts),
-      awaits: count(20000, opts),
-      batches: opts.quick ? 3 : 7,
-    }),
+  rounds: { full: 5, quick: 1 },
+  // One process per round, the variants taking turns (bench/lib/turns.js).
+  runRound: (node, opts) =>
+    runCase(
+      node,
+      'interleave',
+      {
+        variants: ['stock', 'floor', 'store', 'ours'],
+        withCalls: count(250000, opts),
+        awaits: count(4000, opts),
+        cycles: opts.quick ? 2 : 40,
+      },
+      { core: 0 },
+    ),
   rows: [
     {
       label: 'with() cycling 16 SDK spans, added time per call (ours − stock)',
       unit: 'ns+',
-      value: (r) => r.ours.withNs - r.stock.withNs,
+      value: turnsDifference('with', 'ours', 'stock'),
       target: { n20: 15, n24: 15 },
     },
     {
       label: 'with() cycling 16 SDK spans, the floor\'s added time (floor − stock)',
       unit: 'ns+',
-      value: (r) => r.floor.withNs - r.stock.withNs,
+      value: turnsDifference('with', 'floor', 'stock'),
       target: null,
     },
     {
       label: 'bare await, 16 interleaved SDK spans (ours/floor)',
       unit: 'ratio',
-      value: (r) => r.ours.awaitNs / r.floor.awaitNs,
+      value: turnsRatio('await', 'ours', 'floor'),
       target: { n20: 1.1, n24: 1.1 },
     },
     {
       label: 'bare await, 16 interleaved SDK spans (floor/stock)',
       unit: 'ratio',
-      value: (r) => r.floor.awaitNs / r.stock.awaitNs,
+      value: turnsRatio('await', 'floor', 'stock'),
       target: null,
     },
     {
       label: 'bare await, 16 interleaved SDK spans (store/floor)',
       unit: 'ratio',
-      value: (r) => r.store.awaitNs / r.floor.awaitNs,
+      value: turnsRatio('await', 'store', 'floor'),
       target: null,
     },
     {
       label: 'await, setImmediate hop every 8th (ours/floor)',
       unit: 'ratio',
-      value: (r) => r.ours.hopNs / r.floor.hopNs,
+      value: turnsRatio('hop', 'ours', 'floor'),
       target: { n20: 1.1, n24: 1.1 },
     },
     {
       label: 'await, setImmediate hop every 8th (floor/stock)',
       unit: 'ratio',
-      value: (r) => r.floor.hopNs / r.stock.hopNs,
+      value: turnsRatio('hop', 'floor', 'stock'),
       target: null,
     },
     {
       label: 'await, setImmediate hop every 8th (store/floor)',
       unit: 'ratio',
-      value: (r) => r.store.hopNs / r.floor.hopNs,
+      value: turnsRatio('hop', 'store', 'floor'),
       target: null,
     },
   ],

@@ -1,0 +1,96 @@
+'use strict';
+// Variants taking turns in one process, for the micro-benchmarks
+// (bench/cases/sync.js, bench/cases/interleave.js). This host runs a
+// process at one of two speeds that change within a second, and separate
+// processes do not share them (BENCHMARKS.md, "Machine and noise"); turns
+// of a few tens of milliseconds in one process put every variant in the
+// same phases, and each cycle's ratio compares neighbouring turns.
+//
+// What one process shares, and how it is kept from favouring a variant:
+// - Each variant gets its own copy of the JavaScript it runs (the
+//   OpenTelemetry API, the context managers, the workload), loaded with a
+//   module cache of its own, so their call sites, inline caches and
+//   optimized code see that variant's manager alone, as in a process that
+//   has only one.
+// - The managers share one AsyncLocalStorage. On Node 20 each instance
+//   keeps its store under a key of its own on every async resource, and
+//   with one instance per manager Node's propagation and `run()` see
+//   several keys and slow down for every variant (stock `with()` about
+//   twice as slow), which no process with one manager pays.
+// - Node's own code (async_hooks' callers of the hooks, the promise hooks,
+//   AsyncLocalStorage) and the addon are shared. Only the current
+//   variant's manager is enabled, so only its hooks are on, but the call
+//   sites in Node that run hooks have seen every variant's.
+
+const { AsyncLocalStorage } = require('node:async_hooks');
+const { createManager, cpuNs } = require('./common');
+
+const storage = new AsyncLocalStorage();
+
+/**
+ * The variant `kind`: its context manager (created, not enabled) and
+ * `load()`'s result (its workload), with a module cache of their own
+ * except for native addons (a process loads an addon once). Returns
+ * { kind, api, manager, workload }.
+ */
+function isolatedVariant(kind, load) {
+  for (const key of Object.keys(require.cache)) {
+    if (!key.endsWith('.node')) delete require.cache[key];
+  }
+  const api = require('@opentelemetry/api');
+  const manager = createManager(kind);
+  // Before the first enable(): ours and the floor read the storage then.
+  manager._asyncLocalStorage = storage;
+  return { kind, api, manager, workload: load() };
+}
+
+let current = null;
+
+/** Makes `variant`'s manager the enabled, global one (the current one disabled first). */
+function use(variant) {
+  if (current === variant) return;
+  if (current !== null) current.api.context.disable();
+  current = null;
+  const { context } = variant.api;
+  context.setGlobalContextManager(variant.manager.enable());
+  // The API refuses a second registration with a diag message only.
+  if (context._getContextManager() !== variant.manager) throw new Error(`${variant.kind}: its manager did not become the global one`);
+  current = variant;
+}
+
+/**
+ * Runs `turn(variant, size)` (sync or async; it does `size` operations) for
+ * every variant in turns: `warmUps` passes unmeasured, then `cycles`
+ * cycles, each starting one variant further on (every variant takes every
+ * place equally often and never two turns in a row). A turn switches, runs
+ * a tenth of `size` unmeasured, then `size` timed in process CPU time.
+ * Resolves with { [kind]: [ns per operation of each cycle's turn] }.
+ */
+async function takeTurns(variants, turn, { size, cycles, warmUps = 2 }) {
+  for (let w = 0; w < warmUps; w++) {
+    for (const variant of variants) {
+      use(variant);
+      await turn(variant, size);
+    }
+  }
+  const turns = new Map(variants.map((v) => [v, []]));
+  const settle = Math.max(1, Math.round(size / 10));
+  for (let c = 0; c < cycles; c++) {
+    for (let i = 0; i < variants.length; i++) {
+      const variant = variants[(c + i) % variants.length];
+      use(variant);
+      await turn(variant, settle);
+      const start = cpuNs();
+      await turn(variant, size);
+      turns.get(variant).push((cpuNs() - start) / size);
+    }
+  }
+  return Object.fromEntries(variants.map((v) => [v.kind, turns.get(v)]));
+}
+
+/** Each variant's manager class, as { [kind]: name }: what the turns ran. */
+function managerNames(variants) {
+  return Object.fromEntries(variants.map((v) => [v.kind, v.manager.constructor.name]));
+}
+
+module.exports = { isolatedVariant, use, takeTurns, managerNames };
