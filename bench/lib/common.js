@@ -58,6 +58,23 @@ function createManager(kind) {
   }
 }
 
+let sharedStorage = null;
+
+/**
+ * Gives `manager` (created, not yet enabled) the AsyncLocalStorage every
+ * manager passed here shares, for a process whose managers take turns. On
+ * Node 20 each instance keeps its store under a key of its own on every
+ * async resource; with one instance per manager, Node's propagation and
+ * `run()` see several keys and slow down for every manager (stock `with()`
+ * about twice as slow), which no process with one manager pays. Ours and
+ * the floor read the storage when first enabled.
+ */
+function shareStorage(manager) {
+  sharedStorage ??= new (require('node:async_hooks').AsyncLocalStorage)();
+  manager._asyncLocalStorage = sharedStorage;
+  return manager;
+}
+
 const ID_BYTES = Buffer.alloc(16);
 
 /** A 32-bit mix of `n` (an integer hash), so ids have random-looking bytes. */
@@ -102,11 +119,12 @@ function cpuNs() {
  * is set up, so the caller requires them lazily). With manager 'none',
  * nothing is traced. `shutdown()` flushes and returns the spans exported.
  *
- * `manager` may also be a list of kinds: all of them are created, the first
- * is registered, and `use(kind)` makes another one the global context
- * manager (disabling the current one first, so only one set of hooks is
- * ever on). Switch only while no request is in flight: a context stored by
- * one manager is not seen by another.
+ * `manager` may also be a list of kinds: all of them are created, sharing
+ * one AsyncLocalStorage (shareStorage), the first is registered, and
+ * `use(kind)` makes another one the global context manager (disabling the
+ * current one first, so only one set of hooks is ever on). Switch only
+ * while no request is in flight, so that no request runs under two
+ * managers.
  */
 function traceService(manager, instrumentations) {
   let exported = 0;
@@ -123,7 +141,8 @@ function traceService(manager, instrumentations) {
     forceFlush: () => Promise.resolve(),
   };
   const kinds = Array.isArray(manager) ? manager : [manager];
-  const managers = new Map(kinds.map((kind) => [kind, createManager(kind)]));
+  const created = (kind) => (kinds.length > 1 ? shareStorage(createManager(kind)) : createManager(kind));
+  const managers = new Map(kinds.map((kind) => [kind, created(kind)]));
   const provider = new NodeTracerProvider({ spanProcessors: [new BatchSpanProcessor(exporter)] });
   provider.register({ contextManager: managers.get(kinds[0]) });
   registerInstrumentations({ tracerProvider: provider, instrumentations: instrumentations() });
@@ -175,4 +194,4 @@ function answerSwitches(tracing, stop) {
   process.stdin.on('end', stop);
 }
 
-module.exports = { ROOT, params, report, installManager, createManager, traceService, answerSwitches, onLines, spanContext, since, cpuNs, median };
+module.exports = { ROOT, params, report, installManager, createManager, shareStorage, traceService, answerSwitches, onLines, spanContext, since, cpuNs, median };

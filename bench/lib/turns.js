@@ -12,20 +12,13 @@
 //   module cache of its own, so their call sites, inline caches and
 //   optimized code see that variant's manager alone, as in a process that
 //   has only one.
-// - The managers share one AsyncLocalStorage. On Node 20 each instance
-//   keeps its store under a key of its own on every async resource, and
-//   with one instance per manager Node's propagation and `run()` see
-//   several keys and slow down for every variant (stock `with()` about
-//   twice as slow), which no process with one manager pays.
+// - The managers share one AsyncLocalStorage (common.js, shareStorage).
 // - Node's own code (async_hooks' callers of the hooks, the promise hooks,
 //   AsyncLocalStorage) and the addon are shared. Only the current
 //   variant's manager is enabled, so only its hooks are on, but the call
 //   sites in Node that run hooks have seen every variant's.
 
-const { AsyncLocalStorage } = require('node:async_hooks');
-const { createManager, cpuNs } = require('./common');
-
-const storage = new AsyncLocalStorage();
+const { createManager, shareStorage, cpuNs } = require('./common');
 
 /**
  * The variant `kind`: its context manager (created, not enabled) and
@@ -38,9 +31,7 @@ function isolatedVariant(kind, load) {
     if (!key.endsWith('.node')) delete require.cache[key];
   }
   const api = require('@opentelemetry/api');
-  const manager = createManager(kind);
-  // Before the first enable(): ours and the floor read the storage then.
-  manager._asyncLocalStorage = storage;
+  const manager = shareStorage(createManager(kind));
   return { kind, api, manager, workload: load() };
 }
 
