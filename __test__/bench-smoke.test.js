@@ -47,7 +47,7 @@ test('bench/run.js --quick prints a table of numbers and writes JSON', () => {
   assert.ok(rows.every((row) => Number.isFinite(row.median) && row.median > 0));
 });
 
-test('bench/run.js --quick runs the interleave, service and memory cases with stock, the floor and ours', () => {
+test('bench/run.js --quick runs the interleave, service and memory cases with stock, the floor, the references and ours', () => {
   const { stdout, results } = runBench(['--rounds', '1', '--only', 'interleave,service,memory', '--scale', '0.01'], 120000);
   const lines = stdout.split('\n');
   const rowFor = (label) => {
@@ -65,6 +65,7 @@ test('bench/run.js --quick runs the interleave, service and memory cases with st
     stock: 'AsyncLocalStorageContextManager',
     floor: 'FloorContextManager',
     store: 'FloorContextManager',
+    write: 'RecordWriteContextManager',
     ours: 'ProfilingContextManager',
   };
   for (const [variant, manager] of Object.entries(managers)) {

@@ -20,7 +20,7 @@ const { params, report } = require('../lib/common');
 const { median } = require('../lib/stats');
 const { isolatedVariant, takeTurns, managerNames } = require('../lib/turns');
 
-const { variants: kinds = ['stock', 'floor', 'store', 'ours'], withCalls = 250000, awaits = 4000, cycles = 40 } = params();
+const { variants: kinds = ['stock', 'floor', 'store', 'write', 'ours'], withCalls = 250000, awaits = 4000, cycles = 40 } = params();
 
 const WORKLOAD = path.join(__dirname, '..', 'lib', 'interleave.js');
 const variants = kinds.map((kind) => isolatedVariant(kind, () => require(WORKLOAD)));

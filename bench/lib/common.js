@@ -24,9 +24,10 @@ function report(result) {
  * 'ours' (ProfilingContextManager), 'stock' (AsyncLocalStorageContextManager),
  * 'floor' (stock plus our continuation hooks with empty bodies and our
  * with() shape with empty publishing, bench/lib/floor.js), 'store' (the
- * same with hooks only reading the stock store) or 'none' (no context
- * manager at all). The stock, floor and store processes never load the
- * addon, so nothing of ours runs there.
+ * same with hooks only reading the stock store), 'write' (the same, with
+ * hooks and a with() copying the span's record words into a buffer of
+ * their own) or 'none' (no context manager at all). The stock, floor, store and
+ * write processes never load the addon, so nothing of ours runs there.
  */
 function installManager(kind) {
   const manager = createManager(kind);
@@ -48,7 +49,9 @@ function createManager(kind) {
     case 'floor':
       return new (require('./floor').FloorContextManager)();
     case 'store':
-      return new (require('./floor').FloorContextManager)({ readsStore: true });
+      return new (require('./floor').FloorContextManager)({ hookBody: 'store' });
+    case 'write':
+      return new (require('./floor').RecordWriteContextManager)();
     case 'stock':
       return new (require('@opentelemetry/context-async-hooks').AsyncLocalStorageContextManager)();
     case 'none':

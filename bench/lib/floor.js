@@ -7,14 +7,22 @@
 // and of restoring the record when with() returns or throws; what ours
 // costs over the floor is ours to cut.
 //
-// The store reference: the same, with hooks whose body only reads the
-// stock manager's store, the least any hook that publishes the active span
-// must do.
+// Two references between the floor and ours, the same manager with other
+// hook bodies:
+// - the store reference: the body only reads the stock manager's store,
+//   the least any hook that publishes the active span must do;
+// - the write reference: the body reads the store and copies the store's
+//   span's record words (worked out once per context, cached on it) into a
+//   record-sized buffer of its own, with no checks at all: the least a hook
+//   that keeps an OTEP 4947 record equal to the active span must do. Its
+//   with() writes the context's words on entry and the outer ones on exit
+//   (RecordWriteContextManager).
 
 const asyncHooks = require('node:async_hooks');
 const path = require('node:path');
 const v8 = require('node:v8');
 
+const { trace } = require('@opentelemetry/api');
 const { AsyncLocalStorageContextManager } = require('@opentelemetry/context-async-hooks');
 
 const ROOT = path.resolve(__dirname, '..', '..');
@@ -29,6 +37,62 @@ function storeReader(storage) {
     sink = storage.getStore();
   };
 }
+
+/** The write reference's record: the OTEP 4947 header's seven words, not the thread's record. */
+const scratchRecord = new Uint32Array(7);
+const kWords = Symbol('bench.recordWords');
+const NO_WORDS = Object.freeze({ index: 0, w0: 0, w1: 0, w2: 0, w3: 0, w4: 0, w5: 0, tail: 0 });
+
+/**
+ * Every context's words by index (0: NO_WORDS). What the record holds is
+ * kept as an index, a small integer: storing the words object itself into
+ * module state would cost a write barrier per write (as ours keeps a slot
+ * number, js/record-view.js).
+ */
+const allWords = [NO_WORDS];
+
+/** The record words of `ctx`'s span (valid, the span's flags, no attributes), or NO_WORDS. */
+function recordWords(ctx) {
+  const sc = typeof ctx?.getValue === 'function' ? trace.getSpan(ctx)?.spanContext() : undefined;
+  if (sc === undefined) return NO_WORDS;
+  const hex = sc.traceId + sc.spanId;
+  const word = (i) => Buffer.from(hex.slice(i * 8, i * 8 + 8), 'hex').readUInt32LE(0);
+  const words = { index: allWords.length, w0: word(0), w1: word(1), w2: word(2), w3: word(3), w4: word(4), w5: word(5), tail: 1 | (sc.traceFlags << 8) };
+  allWords.push(words);
+  return words;
+}
+
+/** The words of `ctx`'s span, worked out on first sight and cached on `ctx`. */
+function wordsOf(ctx) {
+  return ctx === undefined || ctx === null ? NO_WORDS : (ctx[kWords] ?? (ctx[kWords] = recordWords(ctx)));
+}
+
+/** The index of the words scratchRecord holds. */
+let writtenIndex = 0;
+
+/** Copies `words` into scratchRecord: valid = 0, the ids, then the tail word. */
+function writeWords(words) {
+  const record = scratchRecord;
+  record[6] = 0;
+  writtenIndex = words.index;
+  if (words === NO_WORDS) return;
+  record[0] = words.w0;
+  record[1] = words.w1;
+  record[2] = words.w2;
+  record[3] = words.w3;
+  record[4] = words.w4;
+  record[5] = words.w5;
+  record[6] = words.tail;
+}
+
+/** A hook body writing the words of `storage`'s store's span into scratchRecord. */
+function recordWriter(storage) {
+  return function writeRecord() {
+    writeWords(wordsOf(storage.getStore()));
+  };
+}
+
+const HOOK_BODIES = { none: () => nothing, store: storeReader, write: recordWriter };
 
 /**
  * The hooks of the strategy js/continuations.js selected here, with `body`,
@@ -70,13 +134,14 @@ function floorHooks(body) {
  * callback returns or throws; this is the cost of that shape alone. Its
  * hooks are on while it is enabled, as ours are.
  *
- * `readsStore`: the store reference's hooks (they read the store) instead
- * of empty ones.
+ * `hookBody`: 'none' (the floor), 'store' (the store reference) or
+ * 'write' (the write reference).
  */
 class FloorContextManager extends AsyncLocalStorageContextManager {
-  constructor({ readsStore = false } = {}) {
+  constructor({ hookBody = 'none' } = {}) {
     super();
-    this._readsStore = readsStore;
+    if (!Object.hasOwn(HOOK_BODIES, hookBody)) throw new Error(`unknown hook body: ${hookBody}`);
+    this._hookBody = hookBody;
     // Made on the first enable(), so a store reader reads the storage the
     // manager has then (bench/lib/turns.js gives its managers one).
     this._hooks = null;
@@ -85,7 +150,7 @@ class FloorContextManager extends AsyncLocalStorageContextManager {
 
   enable() {
     super.enable();
-    this._hooks ??= floorHooks(this._readsStore ? storeReader(this._asyncLocalStorage) : nothing);
+    this._hooks ??= floorHooks(HOOK_BODIES[this._hookBody](this._asyncLocalStorage));
     if (!this._hooksOn) this._hooks.enable();
     this._hooksOn = true;
     return this;
@@ -109,7 +174,35 @@ class FloorContextManager extends AsyncLocalStorageContextManager {
   }
 }
 
-/** The value last read by a store reader (so it stays observable). */
-const lastRead = () => sink;
+/**
+ * The write reference: the floor with the write reference's hooks, and a
+ * with() that writes the context's words on entry and the outer ones back
+ * on exit (the tail word only when that is no span).
+ */
+class RecordWriteContextManager extends FloorContextManager {
+  constructor() {
+    super({ hookBody: 'write' });
+  }
 
-module.exports = { FloorContextManager, lastRead };
+  with(context, fn, thisArg, ...args) {
+    const cb = thisArg == null ? fn : fn.bind(thisArg);
+    const outer = writtenIndex;
+    writeWords(wordsOf(context));
+    try {
+      return this._asyncLocalStorage.run(context, cb, ...args);
+    } finally {
+      if (outer === 0) {
+        scratchRecord[6] = 0;
+        writtenIndex = 0;
+      } else {
+        writeWords(allWords[outer]);
+      }
+    }
+  }
+}
+
+/** The value last read by a store reader, and the write reference's record (so both stay observable). */
+const lastRead = () => sink;
+const lastWritten = () => scratchRecord;
+
+module.exports = { FloorContextManager, RecordWriteContextManager, lastRead, lastWritten };

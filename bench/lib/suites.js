@@ -72,7 +72,7 @@ const async = {
 
 const interleave = {
   name: 'interleave',
-  variants: ['stock', 'floor', 'store', 'ours'],
+  variants: ['stock', 'floor', 'store', 'write', 'ours'],
   rounds: { full: 5, quick: 1 },
   // One process per round, the variants taking turns (bench/lib/turns.js).
   runRound: (node, opts) =>
@@ -80,7 +80,7 @@ const interleave = {
       node,
       'interleave',
       {
-        variants: ['stock', 'floor', 'store', 'ours'],
+        variants: ['stock', 'floor', 'store', 'write', 'ours'],
         withCalls: count(250000, opts),
         awaits: count(4000, opts),
         cycles: opts.quick ? 2 : 40,
@@ -98,6 +98,12 @@ const interleave = {
       label: 'with() cycling 16 SDK spans, the floor\'s added time (floor − stock)',
       unit: 'ns+',
       value: turnsDifference('with', 'floor', 'stock'),
+      target: null,
+    },
+    {
+      label: 'with() cycling 16 SDK spans, the write reference\'s added time (write − stock)',
+      unit: 'ns+',
+      value: turnsDifference('with', 'write', 'stock'),
       target: null,
     },
     {
@@ -119,6 +125,12 @@ const interleave = {
       target: null,
     },
     {
+      label: 'bare await, 16 interleaved SDK spans (write/floor)',
+      unit: 'ratio',
+      value: turnsRatio('await', 'write', 'floor'),
+      target: null,
+    },
+    {
       label: 'await, setImmediate hop every 8th (ours/floor)',
       unit: 'ratio',
       value: turnsRatio('hop', 'ours', 'floor'),
@@ -134,6 +146,12 @@ const interleave = {
       label: 'await, setImmediate hop every 8th (store/floor)',
       unit: 'ratio',
       value: turnsRatio('hop', 'store', 'floor'),
+      target: null,
+    },
+    {
+      label: 'await, setImmediate hop every 8th (write/floor)',
+      unit: 'ratio',
+      value: turnsRatio('hop', 'write', 'floor'),
       target: null,
     },
   ],
