@@ -38,7 +38,13 @@ function storeReader(storage) {
   };
 }
 
-/** The write reference's record: the OTEP 4947 header's seven words, not the thread's record. */
+/**
+ * The write reference's record: seven 32-bit words, as many stores as the
+ * OTEP 4947 header takes (ids, then valid/flags/size last). Nothing reads
+ * it, so it follows no layout, and the reference runs without the package
+ * (js/abi.js has the layout from the addon, which these processes never
+ * load).
+ */
 const scratchRecord = new Uint32Array(7);
 const kWords = Symbol('bench.recordWords');
 const NO_WORDS = Object.freeze({ index: 0, w0: 0, w1: 0, w2: 0, w3: 0, w4: 0, w5: 0, tail: 0 });
@@ -70,7 +76,11 @@ function wordsOf(ctx) {
 /** The index of the words scratchRecord holds. */
 let writtenIndex = 0;
 
-/** Copies `words` into scratchRecord: valid = 0, the ids, then the tail word. */
+/**
+ * Copies `words` into scratchRecord: valid = 0, the ids, then the tail
+ * word; the stores js/record-view.js publish() makes, written out again
+ * here because the reference must not run the package's code.
+ */
 function writeWords(words) {
   const record = scratchRecord;
   record[6] = 0;
