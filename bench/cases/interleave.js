@@ -17,8 +17,7 @@
 
 const path = require('node:path');
 const { params, report } = require('../lib/common');
-const { median } = require('../lib/stats');
-const { isolatedVariant, takeTurns, managerNames } = require('../lib/turns');
+const { isolatedVariant, takeTurns, turnsResult } = require('../lib/turns');
 
 const { variants: kinds = ['stock', 'floor', 'store', 'write', 'ours'], withCalls = 250000, awaits = 4000, cycles = 40 } = params();
 
@@ -38,16 +37,7 @@ async function main() {
     await: await takeTurns(variants, (v, n) => v.workload.awaitLoops(loopAwaits(n)), { size: continuations, cycles }),
     hop: await takeTurns(variants, (v, n) => v.workload.awaitLoops(loopAwaits(n), 8), { size: continuations, cycles }),
   };
-  const result = {};
-  const names = managerNames(variants);
-  for (const kind of kinds) {
-    result[kind] = { manager: names[kind] };
-    for (const [phase, turns] of Object.entries(phases)) {
-      result[kind][`${phase}Ns`] = median(turns[kind]);
-      result[kind][`${phase}Turns`] = turns[kind];
-    }
-  }
-  report(result);
+  report(turnsResult(variants, phases));
 }
 
 main();

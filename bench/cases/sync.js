@@ -12,8 +12,7 @@
 
 const path = require('node:path');
 const { params, report } = require('../lib/common');
-const { median } = require('../lib/stats');
-const { isolatedVariant, takeTurns, managerNames } = require('../lib/turns');
+const { isolatedVariant, takeTurns, turnsResult } = require('../lib/turns');
 
 const { variants: kinds = ['stock', 'ours'], iterations = 250000, cycles = 40 } = params();
 
@@ -29,12 +28,7 @@ function turnOf(body) {
 async function main() {
   const flat = await takeTurns(variants, turnOf('flat'), { size: iterations, cycles });
   const nested = await takeTurns(variants, turnOf('nested'), { size: Math.max(1, Math.round(iterations / 3)), cycles });
-  const result = {};
-  const names = managerNames(variants);
-  for (const kind of kinds) {
-    result[kind] = { manager: names[kind], flatNs: median(flat[kind]), nestedNs: median(nested[kind]), flatTurns: flat[kind], nestedTurns: nested[kind] };
-  }
-  report(result);
+  report(turnsResult(variants, { flat, nested }));
 }
 
 main();

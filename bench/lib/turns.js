@@ -19,6 +19,7 @@
 //   sites in Node that run hooks have seen every variant's.
 
 const { createManager, shareStorage, cpuNs } = require('./common');
+const { median } = require('./stats');
 
 /**
  * The variant `kind`: its context manager (created, not enabled) and
@@ -79,9 +80,21 @@ async function takeTurns(variants, turn, { size, cycles, warmUps = 2 }) {
   return Object.fromEntries(variants.map((v) => [v.kind, turns.get(v)]));
 }
 
-/** Each variant's manager class, as { [kind]: name }: what the turns ran. */
-function managerNames(variants) {
-  return Object.fromEntries(variants.map((v) => [v.kind, v.manager.constructor.name]));
+/**
+ * A case's result from `phases` ({ [phase]: takeTurns() result }): for each
+ * variant, its manager's class (what the turns ran), and per phase the
+ * median turn (`<phase>Ns`) and every cycle's turn (`<phase>Turns`).
+ */
+function turnsResult(variants, phases) {
+  const result = {};
+  for (const { kind, manager } of variants) {
+    result[kind] = { manager: manager.constructor.name };
+    for (const [phase, turns] of Object.entries(phases)) {
+      result[kind][`${phase}Ns`] = median(turns[kind]);
+      result[kind][`${phase}Turns`] = turns[kind];
+    }
+  }
+  return result;
 }
 
-module.exports = { isolatedVariant, use, takeTurns, managerNames };
+module.exports = { isolatedVariant, use, takeTurns, turnsResult };
