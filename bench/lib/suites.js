@@ -13,6 +13,7 @@
 const { runCase, startCase, processCpuNs, canPin } = require('./processes');
 const { onLines } = require('./common');
 const { pairedMedian } = require('./stats');
+const { cycleOrder } = require('./turns');
 
 const count = (n, { quick, scale }) => Math.max(2, Math.round(n * (quick ? 0.25 : 1) * scale));
 
@@ -281,12 +282,7 @@ async function switchingLoad(server, url, opts, { burst, cycles }) {
     }
     const turns = opts.quick ? 1 : cycles;
     for (let c = 0; c < turns; c++) {
-      // Each cycle starts one manager further on: every manager takes
-      // every place in a cycle equally often, follows each of the others,
-      // and never takes two turns in a row (as reversing the order would
-      // give the first and the last at every reversal).
-      const order = SWITCHED.map((_, i) => SWITCHED[(c + i) % SWITCHED.length]);
-      for (const kind of order) {
+      for (const kind of cycleOrder(SWITCHED, c)) {
         totals[kind].manager = (await ask(`use ${kind}`)).manager;
         await load(Math.max(2, Math.round(requests / 10)));
         const before = await ask('mark');

@@ -36,6 +36,16 @@ function isolatedVariant(kind, load) {
   return { kind, api, manager, workload: load() };
 }
 
+/**
+ * The order of cycle `cycle`'s turns: each cycle starts one item further
+ * on, so every item takes every place equally often, follows each of the
+ * others, and never takes two turns in a row (as reversing the order every
+ * other cycle would give the first and the last at each reversal).
+ */
+function cycleOrder(items, cycle) {
+  return items.map((_, i) => items[(cycle + i) % items.length]);
+}
+
 let current = null;
 
 /** Makes `variant`'s manager the enabled, global one (the current one disabled first). */
@@ -53,8 +63,7 @@ function use(variant) {
 /**
  * Runs `turn(variant, size)` (sync or async; it does `size` operations) for
  * every variant in turns: `warmUps` passes unmeasured, then `cycles`
- * cycles, each starting one variant further on (every variant takes every
- * place equally often and never two turns in a row). A turn switches, runs
+ * cycles in cycleOrder(). A turn switches, runs
  * a tenth of `size` unmeasured, then `size` timed in process CPU time.
  * Resolves with { [kind]: [ns per operation of each cycle's turn] }.
  */
@@ -68,8 +77,7 @@ async function takeTurns(variants, turn, { size, cycles, warmUps = 2 }) {
   const turns = new Map(variants.map((v) => [v, []]));
   const settle = Math.max(1, Math.round(size / 10));
   for (let c = 0; c < cycles; c++) {
-    for (let i = 0; i < variants.length; i++) {
-      const variant = variants[(c + i) % variants.length];
+    for (const variant of cycleOrder(variants, c)) {
       use(variant);
       await turn(variant, settle);
       const start = cpuNs();
@@ -97,4 +105,4 @@ function turnsResult(variants, phases) {
   return result;
 }
 
-module.exports = { isolatedVariant, use, takeTurns, turnsResult };
+module.exports = { isolatedVariant, use, takeTurns, turnsResult, cycleOrder };
