@@ -23,13 +23,17 @@ const turnsRatio = (phase, a, b) => (r) => pairedMedian(r[a][`${phase}Turns`], r
 const turnsDifference = (phase, a, b) => (r) =>
   pairedMedian(r[a][`${phase}Turns`], r[b][`${phase}Turns`], { difference: true });
 
+/** The variants of the suites that take turns in one process (bench/lib/turns.js). */
+const SYNC_VARIANTS = ['stock', 'ours'];
+const INTERLEAVE_VARIANTS = ['stock', 'floor', 'store', 'write', 'ours'];
+
 const sync = {
   name: 'sync',
-  variants: ['stock', 'ours'],
+  variants: SYNC_VARIANTS,
   rounds: { full: 5, quick: 1 },
-  // One process per round, the variants taking turns (bench/lib/turns.js).
+  // One process per round, the variants taking turns.
   runRound: (node, opts) =>
-    runCase(node, 'sync', { variants: ['stock', 'ours'], iterations: count(250000, opts), cycles: opts.quick ? 2 : 40 }, { core: 0 }),
+    runCase(node, 'sync', { variants: SYNC_VARIANTS, iterations: count(250000, opts), cycles: opts.quick ? 2 : 40 }, { core: 0 }),
   rows: [
     {
       label: 'sync context.with() added time per call',
@@ -73,15 +77,15 @@ const async = {
 
 const interleave = {
   name: 'interleave',
-  variants: ['stock', 'floor', 'store', 'write', 'ours'],
+  variants: INTERLEAVE_VARIANTS,
   rounds: { full: 5, quick: 1 },
-  // One process per round, the variants taking turns (bench/lib/turns.js).
+  // One process per round, the variants taking turns.
   runRound: (node, opts) =>
     runCase(
       node,
       'interleave',
       {
-        variants: ['stock', 'floor', 'store', 'write', 'ours'],
+        variants: INTERLEAVE_VARIANTS,
         withCalls: count(250000, opts),
         awaits: count(4000, opts),
         cycles: opts.quick ? 2 : 40,
