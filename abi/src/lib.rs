@@ -35,8 +35,14 @@
 //! 3. re-read the timestamp at [`process_context::OFFSET_PUBLISHED_AT`];
 //!    if it changed, retry from 1.
 
+//! # Node.js schema ([`node_schema`]; `nodejs_v1_dev`)
+//! Each isolate thread's [`node_schema::TLS_SYMBOL`] says where V8 keeps the
+//! current AsyncContextFrame; the reader walks from it to the active span's
+//! record (the layout above), as [`node_schema`] describes.
+
 #![warn(missing_docs)]
 
 pub mod attrs;
+pub mod node_schema;
 pub mod process_context;
 pub mod record;
