@@ -41,9 +41,11 @@ pub const OFFSET_PUBLISHED_AT: usize = offset_of!(Header, monotonic_published_at
 /// Offset of the payload pointer.
 pub const OFFSET_PAYLOAD: usize = offset_of!(Header, payload);
 
-/// Largest payload a writer publishes and a reader accepts. Readers copy
-/// the whole payload on every read; this keeps that copy practical.
-pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+/// Largest payload a writer publishes and a reader accepts: 64 KiB, the
+/// limit of the OpenTelemetry eBPF profiler, which rejects a larger payload
+/// whole (and with it the key map). Readers copy the whole payload on every
+/// read; this also keeps that copy cheap.
+pub const MAX_PAYLOAD_BYTES: usize = 64 << 10;
 
 /// The name the writer gives the mapping (memfd name or anonymous VMA name).
 pub const MAPPING_NAME: &str = "OTEL_CTX";
@@ -133,5 +135,6 @@ mod tests {
         assert!(KEY_MAP_KEY.starts_with(RESERVED_PREFIX));
         assert!(KNOWN_SCHEMAS.contains(&DEFAULT_SCHEMA_VERSION));
         assert_eq!(MAX_KEYS, 256);
+        assert_eq!(MAX_PAYLOAD_BYTES, 65536);
     }
 }

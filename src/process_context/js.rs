@@ -84,7 +84,9 @@ impl<'a> Js<'a> {
             None => range_error(
                 self.env,
                 &format!(
-                    "{path}: the process context payload would exceed {MAX_PAYLOAD_BYTES} bytes"
+                    "{path}: the process context payload would exceed the {MAX_PAYLOAD_BYTES} bytes \
+                     profilers accept (the OpenTelemetry eBPF profiler rejects a larger one whole); \
+                     shorten or leave out {path}"
                 ),
             ),
         }
@@ -154,8 +156,9 @@ impl<'a> Js<'a> {
         object.get_c_named_property_unchecked(name)
     }
 
-    /// A JS string as UTF-8 (lone surrogates become U+FFFD).
-    fn string(&self, value: JsString<'_>) -> Result<String> {
+    /// A JS string as UTF-8 (lone surrogates become U+FFFD); `path` names
+    /// it in the error message.
+    fn string(&self, value: JsString<'_>, path: &str) -> Result<String> {
         // The UTF-16 length costs nothing and bounds the UTF-8 length from below.
         let mut length = value.utf16_len()?;
         if length <= MAX_PAYLOAD_BYTES {
@@ -165,7 +168,9 @@ impl<'a> Js<'a> {
             return range_error(
                 self.env,
                 &format!(
-                    "a string is longer than the {MAX_PAYLOAD_BYTES}-byte process context payload"
+                    "{path} is longer than the {MAX_PAYLOAD_BYTES} bytes of process context payload \
+                     profilers accept (the OpenTelemetry eBPF profiler rejects a larger one whole); \
+                     shorten or leave out {path}"
                 ),
             );
         }
@@ -173,8 +178,8 @@ impl<'a> Js<'a> {
     }
 
     /// `String(value)` for a number or bigint (cannot throw for those).
-    fn spelled(&self, value: Unknown<'a>) -> Result<String> {
-        self.string(value.coerce_to_string()?)
+    fn spelled(&self, value: Unknown<'a>, path: &str) -> Result<String> {
+        self.string(value.coerce_to_string()?, path)
     }
 
     /// The bigint as an `i64`, or `None` when it does not fit.
@@ -206,7 +211,7 @@ impl<'a> Js<'a> {
         Ok(Some(match value.get_type()? {
             ValueType::Undefined | ValueType::Null => return Ok(None),
             ValueType::String => {
-                let text = self.string(self.typed(value)?)?;
+                let text = self.string(self.typed(value)?, path)?;
                 self.charge(text.len(), path)?;
                 AnyValue::string(text)
             }
@@ -224,12 +229,12 @@ impl<'a> Js<'a> {
                 {
                     AnyValue::int(number as i64)
                 } else {
-                    AnyValue::string(self.spelled(value)?)
+                    AnyValue::string(self.spelled(value, path)?)
                 }
             }
             ValueType::BigInt => match self.bigint_i64(value)? {
                 Some(int) => AnyValue::int(int),
-                None => AnyValue::string(self.spelled(value)?),
+                None => AnyValue::string(self.spelled(value, path)?),
             },
             ValueType::Object => {
                 if depth > MAX_DEPTH {
@@ -303,7 +308,7 @@ impl<'a> Js<'a> {
         for index in 0..count {
             // Strings: the keys were converted (`numbers_to_strings`).
             let key_value = keys.get_element::<JsString>(index)?;
-            let key = self.string(key_value)?;
+            let key = self.string(key_value, &format!("a key of {path}"))?;
             self.charge(key.len().saturating_sub(1), path)?;
             let item_path = format!("{path}[{key:?}]");
             if key.is_empty() {
@@ -383,7 +388,7 @@ pub fn update_from_js(env: &Env, options: Option<&Unknown<'_>>) -> Result<Update
                 "The \"options.schemaVersion\" property must be of type string",
             );
         }
-        let schema_version = js.string(js.typed(schema_version)?)?;
+        let schema_version = js.string(js.typed(schema_version)?, "options.schemaVersion")?;
         if schema_version.is_empty() {
             return range_error(
                 env,
@@ -418,7 +423,7 @@ pub fn keys_from_js(env: &Env, keys: &Unknown<'_>) -> Result<Vec<String>> {
                 &format!("The \"keys[{index}]\" element must be of type string"),
             );
         }
-        let key = js.string(js.typed(key)?)?;
+        let key = js.string(js.typed(key)?, &format!("keys[{index}]"))?;
         js.charge(key.len(), "keys")?;
         if key.is_empty() {
             return range_error(

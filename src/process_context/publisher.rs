@@ -6,10 +6,12 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 
+use prost::Message;
+
 use super::header::{boottime_ns, first_publication_steps, update_steps};
 use super::key_map::KeyMap;
 use super::mapping::{Backing, Mapping};
-use super::payload::{self, Contents, KeyValue};
+use super::payload::{self, AnyValue, Contents, KeyValue};
 use super::{Info, PublishError};
 use otel_thread_ctx_abi::process_context::{DEFAULT_SCHEMA_VERSION, MAX_PAYLOAD_BYTES};
 
@@ -90,16 +92,17 @@ impl Publisher {
         key_map: Option<KeyMap>,
     ) -> Result<(), PublishError> {
         self.forget_if_forked();
-        let bytes = payload::encode(&Contents {
+        let contents = Contents {
             resource: resource.as_deref().unwrap_or(&self.resource),
             attributes: attributes.as_deref().unwrap_or(&self.attributes),
             schema_version: schema_version.as_deref().unwrap_or(&self.schema_version),
             key_map: key_map.as_ref().unwrap_or(&self.key_map).keys(),
-        });
+        };
+        let bytes = payload::encode(&contents);
         if bytes.len() > MAX_PAYLOAD_BYTES {
-            return Err(PublishError::Range(format!(
-                "the process context payload would be {} bytes; at most {MAX_PAYLOAD_BYTES} are published",
-                bytes.len()
+            return Err(PublishError::Range(oversize_message(
+                bytes.len(),
+                &contents,
             )));
         }
         let bytes = bytes.into_boxed_slice();
@@ -218,6 +221,46 @@ impl Publisher {
             retained_payloads: self.retired.len(),
         })
     }
+}
+
+/// Why a payload of `size` bytes is refused, and what to trim: the largest
+/// part of it, so that the caller knows where the bytes went.
+fn oversize_message(size: usize, contents: &Contents<'_>) -> String {
+    let parts = contents
+        .resource
+        .iter()
+        .map(|kv| {
+            (
+                format!("the Resource attribute \"{}\"", kv.key),
+                kv.encoded_len(),
+            )
+        })
+        .chain(
+            contents
+                .attributes
+                .iter()
+                .map(|kv| (format!("the attribute \"{}\"", kv.key), kv.encoded_len())),
+        )
+        .chain(std::iter::once((
+            format!("the attribute key map ({} keys)", contents.key_map.len()),
+            AnyValue::array(
+                contents
+                    .key_map
+                    .iter()
+                    .map(|key| AnyValue::string(key.as_str()))
+                    .collect(),
+            )
+            .encoded_len(),
+        )));
+    let (largest, largest_size) = parts
+        .max_by_key(|(_, size)| *size)
+        .expect("the key map is always a part");
+    format!(
+        "the process context payload would be {size} bytes, over the {MAX_PAYLOAD_BYTES} bytes profilers accept \
+         (the OpenTelemetry eBPF profiler rejects a larger one whole); trim it by {} bytes: \
+         the largest part is {largest} ({largest_size} bytes)",
+        size - MAX_PAYLOAD_BYTES
+    )
 }
 
 #[cfg(test)]
@@ -391,7 +434,13 @@ mod tests {
             AnyValue::string("x".repeat(MAX_PAYLOAD_BYTES)),
         )];
         let error = publisher.publish(Some(huge), None, None, None).unwrap_err();
-        assert!(matches!(error, PublishError::Range(_)), "{error:?}");
+        let PublishError::Range(message) = &error else {
+            panic!("{error:?}")
+        };
+        assert!(
+            message.contains("the Resource attribute \"blob\""),
+            "names what to trim: {message}"
+        );
         assert_eq!(read(&publisher), before);
         assert!(publisher.resource.is_empty());
     }
@@ -412,12 +461,18 @@ mod tests {
         );
 
         // Past the byte budget the oldest go first; the newest is always kept.
-        for _ in 0..40 {
+        let blob = MAX_PAYLOAD_BYTES - 1024;
+        let publications = RETAINED_BYTES_MAX / blob + 8;
+        for _ in 0..publications {
             publisher
-                .publish(Some(big(1 << 19)), None, None, None)
+                .publish(Some(big(blob)), None, None, None)
                 .unwrap();
         }
         assert!(publisher.retired_bytes <= RETAINED_BYTES_MAX);
+        assert!(
+            publisher.retired.len() < publications,
+            "the oldest were freed"
+        );
         assert_eq!(
             publisher.retired_bytes,
             publisher
