@@ -241,7 +241,11 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
   enable() {
     super.enable();
     if (!this._publishing) {
-      if (!this._enabled) publishMinimalProcessContext();
+      if (!this._enabled) {
+        // Keys first: registering them publishes the context if it is absent.
+        this._attributeSchema?.registerAll();
+        publishMinimalProcessContext();
+      }
       this._enabled = true;
       pushEnabled(this);
       updatePublisher();

@@ -79,6 +79,25 @@ class AttributeSchema {
     this.warned = false;
   }
 
+  /**
+   * Puts every configured key in the key map now, in one publication, so a
+   * profiler that reads the process context before the first span already
+   * knows them (some re-read it only when they re-sync a process). Keys that
+   * cannot be registered now (a full key map, a payload at its limit) are
+   * reported and tried again on the first span that carries them. Cannot throw.
+   */
+  registerAll() {
+    try {
+      const indexes = binding.registerAttributeKeys(this.keys);
+      indexes.forEach((index, i) => {
+        this.keyIndexes[i] = index;
+      });
+    } catch (err) {
+      if (!this.warned) diag.warn(`otel-thread-ctx: attribute keys not published yet: ${err.message}`);
+      this.warned = true;
+    }
+  }
+
   keyIndex(i) {
     let index = this.keyIndexes[i];
     if (index < 0) {
