@@ -74,6 +74,11 @@ pub struct ThreadInfo {
     pub record_size: u32,
     /// Whether the record is cleared while the event loop is idle.
     pub clears_on_idle: bool,
+    /// `"static"` or `"dynamic"`: whether glibc placed `otel_thread_ctx_v1`
+    /// in static TLS or in dynamic TLS (DTV); `"unknown"` where that cannot
+    /// be told.
+    #[napi(ts_type = "'static' | 'dynamic' | 'unknown'")]
+    pub tls_model: String,
 }
 
 #[napi]
@@ -87,6 +92,7 @@ pub fn thread_info(env: Env) -> Result<ThreadInfo> {
         slot: slot.index as u32,
         record_size: RECORD_SIZE as u32,
         clears_on_idle: idle::is_active(),
+        tls_model: tls::model().name().to_owned(),
     })
 }
 

@@ -7,6 +7,32 @@ extern "C" {
     fn otel_thread_ctx_tls_store(record: *mut ThreadContextRecord);
     fn otel_thread_ctx_tls_load() -> *mut ThreadContextRecord;
     fn otel_thread_ctx_tls_address() -> *mut *mut ThreadContextRecord;
+    fn otel_thread_ctx_tls_model() -> std::ffi::c_int;
+}
+
+/// Where glibc placed this module's TLS block (and so `otel_thread_ctx_v1`)
+/// for the calling thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsModel {
+    /// In the static TLS area, at a fixed offset from every thread pointer:
+    /// what every TLS-reading profiler handles.
+    Static,
+    /// In a block reached through the thread's DTV (a late `dlopen` after the
+    /// static TLS surplus ran out): some profilers cannot read it.
+    Dynamic,
+    /// The descriptor matched neither (not resolved yet, another C library,
+    /// another architecture).
+    Unknown,
+}
+
+impl TlsModel {
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsModel::Static => "static",
+            TlsModel::Dynamic => "dynamic",
+            TlsModel::Unknown => "unknown",
+        }
+    }
 }
 
 /// Points the calling thread's `otel_thread_ctx_v1` at `record` (or NULL).
@@ -27,6 +53,18 @@ pub fn variable_address() -> usize {
     unsafe { otel_thread_ctx_tls_address() as usize }
 }
 
+/// Where the calling thread's `otel_thread_ctx_v1` sits, read from its
+/// TLSDESC descriptor as the dynamic linker filled it (see the shim).
+pub fn model() -> TlsModel {
+    // SAFETY: the shim reads this module's own GOT descriptor and, for a
+    // dynamic one, the `tls_index` glibc allocated for it; it writes nothing.
+    match unsafe { otel_thread_ctx_tls_model() } {
+        1 => TlsModel::Static,
+        2 => TlsModel::Dynamic,
+        _ => TlsModel::Unknown,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,6 +83,14 @@ mod tests {
         assert_ne!(other_address, variable_address());
         point_at(std::ptr::null_mut());
         assert!(current().is_null());
+    }
+
+    #[test]
+    fn in_an_executable_the_variable_is_in_static_tls() {
+        // Linked into this test executable, the linker resolves the variable
+        // to static TLS; the shim must recognise that, on every thread.
+        assert_eq!(model(), TlsModel::Static);
+        assert_eq!(std::thread::spawn(model).join().unwrap(), TlsModel::Static);
     }
 
     #[test]
