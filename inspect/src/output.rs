@@ -107,7 +107,13 @@ pub fn inspect(r: &Report) -> String {
             );
             match (&s.resolution, &s.resolution_error) {
                 (Some(res), _) => {
-                    let _ = writeln!(o, "resolved:   {}: {}", res.path, escape(&res.evidence));
+                    let _ = writeln!(
+                        o,
+                        "resolved:   {} TLS, {}: {}",
+                        res.tls_model,
+                        res.path,
+                        escape(&res.evidence)
+                    );
                 }
                 (None, Some(e)) => {
                     let _ = writeln!(o, "resolved:   FAILED: {}", escape(e));

@@ -84,6 +84,19 @@ pub enum Plan {
     Dtv { module_id: u64, offset: u64 },
 }
 
+impl Plan {
+    /// `static` when the variable sits in the static TLS area (one offset
+    /// from every thread pointer), `dynamic` when each thread's block is
+    /// reached through its DTV: what decides whether readers that handle
+    /// static TLS only can find it.
+    pub fn tls_model(&self) -> &'static str {
+        match self {
+            Plan::Static { .. } => "static",
+            Plan::Dtv { .. } => "dynamic",
+        }
+    }
+}
+
 /// A decided plan, with the name of the path taken and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resolution {
@@ -380,6 +393,7 @@ pub(crate) mod tests {
         let r = resolve(&module(AccessModel::Tlsdesc { got: 0x100 }), &mem, &X86_64).unwrap();
         assert_eq!(r.plan, Plan::Static { tp_offset: -0x88 });
         assert_eq!(r.path, "tlsdesc-static");
+        assert_eq!(r.plan.tls_model(), "static");
         assert_eq!(
             locate(&r.plan, 0x9000, &mem, &X86_64).unwrap(),
             Location::At(0x9000 - 0x88)
@@ -401,6 +415,7 @@ pub(crate) mod tests {
             }
         );
         assert_eq!(r.path, "tlsdesc-dtv");
+        assert_eq!(r.plan.tls_model(), "dynamic");
         // tcb at 0x9000: dtv pointer at +8 -> 0xa010; dtv[-1] = 4 slots.
         mem.put(0x9000, &words(&[0x9000, 0xa010]));
         mem.put(

@@ -68,6 +68,9 @@ pub struct ResolutionInfo {
     /// `tlsdesc-static`, `tlsdesc-dtv`, `global-dynamic-dtv`,
     /// `initial-exec-static` or `local-exec-static`.
     pub path: &'static str,
+    /// `static` (the static TLS area: one offset from every thread pointer)
+    /// or `dynamic` (each thread's block through its DTV).
+    pub tls_model: &'static str,
     pub evidence: String,
     /// Static paths: variable address = thread pointer + tp_offset, the same
     /// in every thread (what an eBPF sampler adds to `fsbase`).
@@ -118,6 +121,8 @@ pub struct ThreadInfo {
 pub struct ThreadTls {
     /// Resolution path (as in `symbol.resolution.path`).
     pub path: &'static str,
+    /// `static` or `dynamic` (as in `symbol.resolution.tls_model`).
+    pub tls_model: &'static str,
     /// Hex thread pointer (`fs_base` on x86-64, `tpidr_el0` on arm64).
     pub thread_pointer: String,
     /// Hex address of this thread's `otel_thread_ctx_v1`.
@@ -324,6 +329,7 @@ fn symbol_info(
             .collect(),
         resolution: resolution.as_ref().ok().map(|r| ResolutionInfo {
             path: r.path,
+            tls_model: r.plan.tls_model(),
             evidence: r.evidence.clone(),
             tp_offset: tp_offset(&r.plan),
             module_id: match r.plan {
@@ -349,6 +355,7 @@ fn thread_info(
     let ReadThread { tid, name, read } = t;
     let tls = read.thread_pointer.map(|tp| ThreadTls {
         path: resolution.path,
+        tls_model: resolution.plan.tls_model(),
         thread_pointer: hex_addr(tp),
         variable_address: read.variable.map(hex_addr),
         tp_offset: tp_offset(&resolution.plan),
