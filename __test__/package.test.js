@@ -111,6 +111,7 @@ test('the tarball holds sources and JS, no build output', () => {
   const files = execFileSync('tar', ['tzf', tarball], { encoding: 'utf8' }).split('\n').filter(Boolean);
   assert.ok(files.includes('package/bin/otel-thread-ctx.js'));
   assert.ok(files.includes('package/Cargo.lock'));
+  assert.ok(files.includes('package/register.js'), 'the early-load entry point');
   for (const f of files) {
     assert.ok(!/^package\/(target|node_modules)\//.test(f), f);
     assert.ok(!f.endsWith('.node') && f !== 'package/bin/otel-thread-ctx', `${f} is a build output`);
