@@ -32,9 +32,10 @@ export declare class ProfilingContextManager extends AsyncLocalStorageContextMan
    *   `attrs_data` when the active span has them. Values are published as
    *   UTF-8 text (numbers and booleans converted, arrays left out), cut to
    *   255 bytes at a character boundary; entries that would make the record
-   *   exceed 640 bytes are left out whole. Each key is appended to the
-   *   process context's `threadlocal.attribute_key_map` the first time a span
-   *   carries it. An attribute set on a span after it became active is
+   *   exceed 640 bytes are left out whole. `enable()` appends every key to
+   *   the process context's `threadlocal.attribute_key_map`, before any span
+   *   (a key that cannot be added then is tried again when a span first
+   *   carries it). An attribute set on a span after it became active is
    *   published the next time a context holding the span is entered
    *   (`with()`) or resumed (a callback starts in it) on the thread.
    * @throws {TypeError} when `options` is not an object or `attributes` is not an array of strings.
@@ -43,7 +44,9 @@ export declare class ProfilingContextManager extends AsyncLocalStorageContextMan
   constructor(options?: { attributes?: string[] });
   /**
    * Starts publishing on the calling thread, unless another enabled manager
-   * is the API's global context manager (that one keeps publishing).
+   * is the API's global context manager (that one keeps publishing). The
+   * first call publishes the configured attribute keys in the key map and,
+   * if none exists, a minimal process context.
    */
   enable(): this;
   /**
@@ -96,6 +99,17 @@ export interface ThreadInfo {
   recordSize: number;
   /** Whether the record is cleared while the event loop is idle. */
   clearsOnIdle: boolean;
+  /**
+   * Where glibc placed this thread's `otel_thread_ctx_v1`, read from the
+   * variable's TLSDESC descriptor as the dynamic linker filled it: `'static'`
+   * (the static TLS area, one offset from the thread pointer, what every
+   * TLS-reading profiler handles) or `'dynamic'` (a block reached through
+   * the thread's DTV, after a late `dlopen` found the static TLS surplus
+   * used up; some profilers cannot read it: load the package early with
+   * `node --require otel-thread-ctx/register`). `'unknown'` where it cannot
+   * be told (not glibc, not x86-64).
+   */
+  tlsModel: 'static' | 'dynamic' | 'unknown';
 }
 
 /** Diagnostics for the calling thread. */
@@ -183,8 +197,9 @@ export interface ProcessContextOptions {
  *   string.
  * @throws {RangeError} for an empty attribute key or schemaVersion, a
  *   reserved `threadlocal.*` attribute, nesting deeper than 8 levels (cyclic
- *   objects), a payload over 1 MiB, or a Resource whose async attributes
- *   are still pending.
+ *   objects), a payload over 64 KiB (the most the OpenTelemetry eBPF
+ *   profiler accepts; the message names the largest part to trim), or a
+ *   Resource whose async attributes are still pending.
  * @throws {Error} when the kernel refuses the mapping.
  *   On any error the published context is unchanged.
  */
@@ -199,7 +214,8 @@ export declare function publishProcessContext(options?: ProcessContextOptions): 
  *
  * @throws {TypeError} when `keys` is not an array of strings.
  * @throws {RangeError} for an empty key, more than 256 elements, or when the
- *   map would exceed 256 keys; then none of the given keys is added.
+ *   map would exceed 256 keys or the payload 64 KiB; then none of the given
+ *   keys is added.
  */
 export declare function registerAttributeKeys(keys: readonly string[]): number[];
 
