@@ -3,7 +3,9 @@
 // Kernel side of `otel-thread-ctx profile`: on-CPU samples from a perf event
 // per CPU, and off-CPU intervals from sched_switch, for the threads of one
 // process. Each sample carries the thread's OTEP 4947 record as read at that
-// instant, and the user and kernel stacks (frame-pointer unwinding).
+// instant, and the user and kernel stacks (frame-pointer unwinding), plus
+// the user registers and a copy of the user stack for unwinding with CFI
+// in userspace.
 //
 // Userspace fills in the read-only globals before loading: which process,
 // and how to find a thread's `otel_thread_ctx_v1` from its thread pointer
@@ -65,6 +67,7 @@ struct sample {
 	__u8 record[ABI_RECORD_SIZE];
 	__u64 user_stack[MAX_FRAMES];
 	__u64 kernel_stack[MAX_FRAMES];
+	__u64 user_stack_copy_id; // the user_stack_copy sent for this sample; 0: none
 };
 
 const volatile __u32 target_tgid = 0;
@@ -168,17 +171,135 @@ static __always_inline void fill(void *ctx, struct sample *s, struct task_struct
 	s->kernel_stack_bytes = bpf_get_stack(ctx, s->kernel_stack, sizeof(s->kernel_stack), 0);
 }
 
+// --- User stack copies, for unwinding in userspace ---------------------
+//
+// Frame pointers end at the first function built without them (glibc,
+// most distributions' libraries), so each sample also sends the user
+// registers and a copy of the stack from the user stack pointer up: an
+// unwinder with the modules' CFI (.eh_frame) walks it later, as
+// `perf --call-graph dwarf` does. The copy is its own ring-buffer record,
+// sent before the sample that names it: a waiting thread's copy is sent at
+// switch-out, so the blocked-thread table keeps only the small sample.
+
+// Bytes of stack copied from the stack pointer up (at most).
+#define USER_STACK_COPY_BYTES (64 * 1024)
+
+enum { KIND_USER_STACK = 2 };
+
+struct user_stack_copy {
+	__u32 kind;               // KIND_USER_STACK
+	__u32 tid;
+	__u64 id;                 // bpf_ktime_get_ns() when copied; the sample's user_stack_copy_id
+	__u64 ip;                 // user registers at the sample (or at kernel entry)
+	__u64 sp;
+	__u64 bp;
+	__s32 bytes;              // bytes copied from sp, or a negative errno
+	__u32 reserved;
+	__u8 stack[USER_STACK_COPY_BYTES];
+};
+
+#define USER_STACK_COPY_HEADER (sizeof(struct user_stack_copy) - USER_STACK_COPY_BYTES)
+
+// Staging for a copy, one slot per CPU (far larger than the BPF stack, and
+// than a per-CPU map's values may be). Userspace sets max_entries to the
+// number of possible CPUs.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct user_stack_copy);
+} stack_scratch SEC(".maps");
+
+// Kernel types the copy reads; the ___stack flavour keeps them apart from
+// the definitions above (CO-RE matches them to the kernel's by base name).
+struct pt_regs___stack {
+	unsigned long bp;
+	unsigned long sp;
+	unsigned long ip;
+} __attribute__((preserve_access_index));
+
+struct mm_struct___stack {
+	unsigned long start_stack;
+} __attribute__((preserve_access_index));
+
+struct task_struct___stack {
+	int pid;
+	int tgid;
+	struct mm_struct___stack *mm;
+	struct thread_struct thread;
+} __attribute__((preserve_access_index));
+
+// The highest address the copy may read: the stack of a thread that
+// glibc's pthread_create made ends below its thread pointer (the TCB and
+// static TLS sit at the top of the same mapping); the main thread's ends
+// at the mm's start_stack (argv, environment and auxv above it). Anything
+// else, or a stack pointer outside that range: 0, copy the most.
+static __always_inline __u64 user_stack_top(struct task_struct___stack *task, __u64 sp)
+{
+	__u64 top;
+	if (BPF_CORE_READ(task, pid) == BPF_CORE_READ(task, tgid))
+		top = BPF_CORE_READ(task, mm, start_stack);
+	else
+		top = BPF_CORE_READ(task, thread.fsbase);
+	return top > sp ? top : 0;
+}
+
+// Copies the user registers of `task` (as saved at its entry into the
+// kernel: the interrupt of an on-CPU tick, the system call of a wait) and
+// its stack from sp, and sends them. `task` must be current or, at
+// sched_switch, the task switching out (whose mm is still the current one).
+// Returns the copy's id, or 0 when nothing was sent.
+static __always_inline __u64 send_user_stack(struct task_struct *task)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct user_stack_copy *c = bpf_map_lookup_elem(&stack_scratch, &cpu);
+	if (!c)
+		return 0;
+	struct pt_regs___stack *regs = (void *)bpf_task_pt_regs(task);
+	if (!regs)
+		return 0;
+	struct task_struct___stack *t = (void *)task;
+	c->kind = KIND_USER_STACK;
+	c->tid = BPF_CORE_READ(t, pid);
+	c->id = bpf_ktime_get_ns();
+	c->ip = BPF_CORE_READ(regs, ip);
+	c->sp = BPF_CORE_READ(regs, sp);
+	c->bp = BPF_CORE_READ(regs, bp);
+	c->reserved = 0;
+	__u64 len = USER_STACK_COPY_BYTES;
+	__u64 top = user_stack_top(t, c->sp);
+	if (top && top - c->sp < len)
+		len = top - c->sp;
+	// The verifier needs the size visibly bounded and non-zero.
+	len &= (USER_STACK_COPY_BYTES << 1) - 1;
+	if (len == 0 || len > USER_STACK_COPY_BYTES)
+		return 0;
+	long err = bpf_probe_read_user(c->stack, len, (void *)c->sp);
+	c->bytes = err ? (__s32)err : (__s32)len;
+	__u64 size = USER_STACK_COPY_HEADER + (err ? 0 : len);
+	if (size > sizeof(*c))
+		return 0;
+	if (bpf_ringbuf_output(&samples, c, size, 0)) {
+		count(LOST_RING_FULL);
+		return 0;
+	}
+	return c->id;
+}
+
 SEC("perf_event")
 int on_cpu(void *ctx)
 {
 	if (bpf_get_current_pid_tgid() >> 32 != target_tgid)
 		return 0;
+	// The copy goes first: the ring keeps records in reservation order.
+	__u64 copy_id = send_user_stack((struct task_struct *)bpf_get_current_task_btf());
 	struct sample *s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
 	if (!s) {
 		count(LOST_RING_FULL);
 		return 0;
 	}
 	fill(ctx, s, (struct task_struct *)bpf_get_current_task(), KIND_CPU);
+	s->user_stack_copy_id = copy_id;
 	bpf_ringbuf_submit(s, 0);
 	return 0;
 }
@@ -201,6 +322,7 @@ int BPF_PROG(off_cpu, bool preempt, struct task_struct *prev, struct task_struct
 		struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
 		if (s) {
 			fill(ctx, s, prev, KIND_OFF_CPU);
+			s->user_stack_copy_id = send_user_stack(prev);
 			__u32 tid = s->tid;
 			if (bpf_map_update_elem(&blocked, &tid, s, BPF_ANY))
 				count(LOST_BLOCKED_FULL);

@@ -1,6 +1,9 @@
 //! The kernel side of `profile`: loads the BPF program (built from
 //! `bpf/profile.bpf.c` by build.rs when clang was there), attaches it, and
-//! decodes the samples it sends through its ring buffer.
+//! decodes the samples it sends through its ring buffer, each with the copy
+//! of its user stack (sent as a record of its own) when there is one.
+
+use std::collections::HashMap;
 
 use crate::record::{self, Header, HEADER_SIZE, RECORD_SIZE};
 use crate::tls::Plan;
@@ -21,8 +24,28 @@ mod layout {
     pub const RECORD: usize = 56;
     pub const USER_STACK: usize = RECORD + super::RECORD_SIZE;
     pub const KERNEL_STACK: usize = USER_STACK + 8 * super::MAX_FRAMES;
-    pub const SIZE: usize = KERNEL_STACK + 8 * super::MAX_FRAMES;
+    pub const USER_STACK_COPY_ID: usize = KERNEL_STACK + 8 * super::MAX_FRAMES;
+    pub const SIZE: usize = USER_STACK_COPY_ID + 8;
 }
+
+/// Bytes of user stack the program copies at most (its
+/// `USER_STACK_COPY_BYTES`).
+pub const USER_STACK_COPY_BYTES: usize = 64 * 1024;
+
+/// Offsets of `struct user_stack_copy` in profile.bpf.c.
+mod copy_layout {
+    pub const KIND: usize = 0;
+    pub const TID: usize = 4;
+    pub const ID: usize = 8;
+    pub const IP: usize = 16;
+    pub const SP: usize = 24;
+    pub const BP: usize = 32;
+    pub const BYTES: usize = 40;
+    pub const STACK: usize = 48;
+}
+
+/// The `kind` of a user stack copy record.
+const KIND_USER_STACK: u32 = 2;
 
 /// Size in bytes of one sample from the program.
 pub const SAMPLE_SIZE: usize = layout::SIZE;
@@ -71,9 +94,33 @@ pub struct Sample {
     /// Off-CPU samples: nanoseconds until the thread ran again.
     pub off_cpu_ns: u64,
     pub record: RecordRead,
-    /// Return addresses, leaf first.
+    /// The user stack, leaf first: the instruction pointer, then return
+    /// addresses. As decoded: the kernel's frame-pointer walk.
     pub user_stack: Vec<u64>,
     pub kernel_stack: Vec<u64>,
+    /// The registers and stack bytes to unwind from, when the copy arrived.
+    pub user_stack_copy: Option<StackCopy>,
+}
+
+/// A thread's user registers and a copy of its stack from the stack
+/// pointer up, taken with its sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackCopy {
+    pub tid: u32,
+    /// Names the copy in its sample (`bpf_ktime_get_ns()` at the copy).
+    pub id: u64,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// The stack from `sp` up; empty when the copy failed.
+    pub stack: Vec<u8>,
+}
+
+/// One ring-buffer record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Item {
+    Sample(Sample, u64),
+    StackCopy(StackCopy),
 }
 
 fn u32_at(b: &[u8], o: usize) -> u32 {
@@ -93,7 +140,66 @@ fn stack(b: &[u8], at: usize, bytes: i32) -> Vec<u64> {
         .collect()
 }
 
-/// Decodes one ring-buffer item; `None` when it is not a whole sample.
+/// Decodes a user stack copy record; `None` when it is not a whole one.
+fn decode_copy(b: &[u8]) -> Option<StackCopy> {
+    if b.len() < copy_layout::STACK || u32_at(b, copy_layout::KIND) != KIND_USER_STACK {
+        return None;
+    }
+    let copied = (u32_at(b, copy_layout::BYTES) as i32).max(0) as usize;
+    let copied = copied
+        .min(USER_STACK_COPY_BYTES)
+        .min(b.len() - copy_layout::STACK);
+    Some(StackCopy {
+        tid: u32_at(b, copy_layout::TID),
+        id: u64_at(b, copy_layout::ID),
+        ip: u64_at(b, copy_layout::IP),
+        sp: u64_at(b, copy_layout::SP),
+        bp: u64_at(b, copy_layout::BP),
+        stack: b[copy_layout::STACK..copy_layout::STACK + copied].to_vec(),
+    })
+}
+
+/// Decodes one ring-buffer record: a sample (with the id of its stack
+/// copy, 0 for none) or a stack copy; `None` when it is neither.
+pub fn decode_item(b: &[u8]) -> Option<Item> {
+    if b.len() >= 4 && u32_at(b, 0) == KIND_USER_STACK {
+        return decode_copy(b).map(Item::StackCopy);
+    }
+    let sample = decode(b)?;
+    Some(Item::Sample(sample, u64_at(b, layout::USER_STACK_COPY_ID)))
+}
+
+/// Joins samples to their stack copies, which arrive first (on CPU just
+/// before; off CPU at the switch-out, the sample at the switch-in). A
+/// thread has at most one copy waiting: its samples follow one another.
+#[derive(Debug, Default)]
+pub struct Pairing {
+    waiting: HashMap<u32, StackCopy>,
+}
+
+impl Pairing {
+    /// Takes one record; returns the sample it completes, if it is one.
+    pub fn take(&mut self, item: Item) -> Option<Sample> {
+        match item {
+            Item::StackCopy(c) => {
+                self.waiting.insert(c.tid, c);
+                None
+            }
+            Item::Sample(mut s, copy_id) => {
+                if copy_id != 0 {
+                    if let Some(c) = self.waiting.remove(&s.tid) {
+                        if c.id == copy_id {
+                            s.user_stack_copy = Some(c);
+                        }
+                    }
+                }
+                Some(s)
+            }
+        }
+    }
+}
+
+/// Decodes one ring-buffer sample; `None` when it is not a whole sample.
 pub fn decode(b: &[u8]) -> Option<Sample> {
     if b.len() < SAMPLE_SIZE {
         return None;
@@ -138,6 +244,7 @@ pub fn decode(b: &[u8]) -> Option<Sample> {
             layout::KERNEL_STACK,
             u32_at(b, layout::KERNEL_STACK_BYTES) as i32,
         ),
+        user_stack_copy: None,
     })
 }
 
@@ -229,7 +336,7 @@ mod loaded {
     use aya::programs::{BtfTracePoint, PerfEvent};
     use aya::{Btf, Ebpf, EbpfLoader};
 
-    use super::{decode, AttachError, Globals, Sample};
+    use super::{decode_item, AttachError, Globals, Pairing, Sample};
 
     static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profile.bpf.o"));
 
@@ -237,6 +344,7 @@ mod loaded {
     pub struct Loaded {
         ring: RingBuf<MapData>,
         counters: PerCpuArray<MapData, u64>,
+        pairing: Pairing,
         // Holds the programs and links: dropping it detaches everything.
         _ebpf: Ebpf,
     }
@@ -252,8 +360,10 @@ mod loaded {
         /// Loads the program for `globals`, attaches a perf event per online
         /// CPU at `hz`, and sched_switch when `off_cpu`.
         pub fn attach(globals: &Globals, hz: u64, off_cpu: bool) -> Result<Loaded, AttachError> {
+            let cpus = aya::util::nr_cpus().map_err(|(_, e)| format!("counting CPUs: {e}"))?;
             let mut loader = EbpfLoader::new();
             loader
+                .map_max_entries("stack_scratch", cpus as u32)
                 .override_global("target_tgid", &globals.tgid, true)
                 .override_global("tls_mode", &globals.tls_mode, true)
                 .override_global("tls_tp_offset", &globals.tp_offset, true)
@@ -305,6 +415,7 @@ mod loaded {
             Ok(Loaded {
                 ring,
                 counters,
+                pairing: Pairing::default(),
                 _ebpf: ebpf,
             })
         }
@@ -320,7 +431,7 @@ mod loaded {
             // SAFETY: one valid pollfd; EINTR (a signal) just returns early.
             unsafe { libc::poll(&mut fds, 1, timeout.as_millis() as libc::c_int) };
             while let Some(item) = self.ring.next() {
-                if let Some(s) = decode(&item) {
+                if let Some(s) = decode_item(&item).and_then(|i| self.pairing.take(i)) {
                     each(s);
                 }
             }
@@ -399,8 +510,9 @@ mod tests {
 
     #[test]
     fn layout_matches_the_c_struct() {
-        // struct sample: 56 bytes of fields, the 640-byte record, two stacks.
-        assert_eq!(SAMPLE_SIZE, 56 + 640 + 2 * 8 * 127);
+        // struct sample: 56 bytes of fields, the 640-byte record, two
+        // stacks, the copy's id.
+        assert_eq!(SAMPLE_SIZE, 56 + 640 + 2 * 8 * 127 + 8);
         assert_eq!(SAMPLE_SIZE % 8, 0);
     }
 
@@ -452,6 +564,59 @@ mod tests {
         let mut b = sample_bytes(0, 1, &[], &[0x10], &[]);
         b[layout::USER_STACK_BYTES..][..4].copy_from_slice(&(-14i32).to_ne_bytes());
         assert!(decode(&b).unwrap().user_stack.is_empty());
+    }
+
+    fn copy_bytes(tid: u32, id: u64, copied: i32, stack: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; copy_layout::STACK + stack.len()];
+        b[copy_layout::KIND..][..4].copy_from_slice(&KIND_USER_STACK.to_ne_bytes());
+        b[copy_layout::TID..][..4].copy_from_slice(&tid.to_ne_bytes());
+        b[copy_layout::ID..][..8].copy_from_slice(&id.to_ne_bytes());
+        b[copy_layout::IP..][..8].copy_from_slice(&0x1000u64.to_ne_bytes());
+        b[copy_layout::SP..][..8].copy_from_slice(&0x7000u64.to_ne_bytes());
+        b[copy_layout::BP..][..8].copy_from_slice(&0x7010u64.to_ne_bytes());
+        b[copy_layout::BYTES..][..4].copy_from_slice(&copied.to_ne_bytes());
+        b[copy_layout::STACK..].copy_from_slice(stack);
+        b
+    }
+
+    fn with_copy_id(mut b: Vec<u8>, id: u64) -> Vec<u8> {
+        b[layout::USER_STACK_COPY_ID..][..8].copy_from_slice(&id.to_ne_bytes());
+        b
+    }
+
+    #[test]
+    fn stack_copies_decode_and_join_their_sample() {
+        let mut pairing = Pairing::default();
+        let copy = decode_item(&copy_bytes(4242, 77, 16, &[7; 16])).unwrap();
+        let Item::StackCopy(c) = &copy else {
+            panic!("{copy:?}")
+        };
+        assert_eq!(
+            (c.ip, c.sp, c.bp, c.stack.len()),
+            (0x1000, 0x7000, 0x7010, 16)
+        );
+        assert!(pairing.take(copy).is_none());
+        let sample = decode_item(&with_copy_id(sample_bytes(0, 1, &[], &[0x10], &[]), 77)).unwrap();
+        let s = pairing.take(sample).unwrap();
+        assert_eq!(s.user_stack_copy.unwrap().stack, vec![7; 16]);
+        // A sample whose copy was lost (or is another's) gets none.
+        pairing.take(decode_item(&copy_bytes(4242, 78, 8, &[1; 8])).unwrap());
+        let sample = decode_item(&with_copy_id(sample_bytes(0, 1, &[], &[0x10], &[]), 79)).unwrap();
+        assert!(pairing.take(sample).unwrap().user_stack_copy.is_none());
+    }
+
+    #[test]
+    fn a_failed_or_short_copy_has_only_the_bytes_it_holds() {
+        let Some(Item::StackCopy(c)) = decode_item(&copy_bytes(1, 2, -14, &[1; 8])) else {
+            panic!()
+        };
+        assert!(c.stack.is_empty());
+        // A length beyond the record is cut to the record.
+        let Some(Item::StackCopy(c)) = decode_item(&copy_bytes(1, 2, 4096, &[1; 8])) else {
+            panic!()
+        };
+        assert_eq!(c.stack.len(), 8);
+        assert!(decode_item(&[2, 0, 0, 0]).is_none());
     }
 
     #[test]

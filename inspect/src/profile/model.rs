@@ -282,6 +282,7 @@ pub mod tests {
             } else {
                 vec![0xffff_ffff_8100_0000]
             },
+            user_stack_copy: None,
         }
     }
 
