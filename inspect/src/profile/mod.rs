@@ -17,6 +17,7 @@ pub mod otlp;
 pub mod perf_map;
 pub mod pprof;
 pub mod symbolize;
+pub mod unwind;
 
 #[cfg(profile_bpf)]
 use std::collections::HashMap;
@@ -206,12 +207,14 @@ fn sample(
     let start_unix_ns = unix_now_ns();
     let started = Instant::now();
     let mut collector = symbolize::Collector::new(pid, target.maps.clone());
+    let mut stacks = unwind::Stacks::new(pid, target.maps.clone());
     let mut samples = Vec::new();
     let mut thread_names: HashMap<u32, String> = HashMap::new();
     let mut names_refreshed = Instant::now() - Duration::from_secs(1);
     let mut target_exited = false;
     let mut context = process_context(&target.maps, &target.memory);
-    let mut take = |s: kernel::Sample, collector: &mut symbolize::Collector| {
+    let mut take = |mut s: kernel::Sample, collector: &mut symbolize::Collector| {
+        stacks.take(&mut s);
         for (i, &a) in s.user_stack.iter().enumerate() {
             collector.user(model::lookup_address(i, a));
         }
@@ -259,6 +262,7 @@ fn sample(
         }
     }
     let (resource, key_map) = context;
+    let (on_cpu_stacks, off_cpu_stacks) = stacks.wholeness();
     let names = collector.finish();
     let base = model::Profile {
         pid,
@@ -294,12 +298,13 @@ fn sample(
         .map(|e| e.events.len() as u64)
         .sum::<u64>();
     lines.push(format!(
-        "profiled pid {pid} for {:.2} s at {} Hz: {} on-CPU samples ({in_span} in a span) from {} threads{}",
+        "profiled pid {pid} for {:.2} s at {} Hz: {} on-CPU samples ({in_span} in a span) from {} threads{}; {}",
         duration_ns as f64 / 1e9,
         opts.hz,
         profile.on_cpu_samples(),
         profile.entries.iter().map(|e| e.tid).collect::<std::collections::HashSet<_>>().len(),
-        if opts.off_cpu { format!(", {:.3} s off CPU", profile.off_cpu_ns() as f64 / 1e9) } else { String::new() }
+        if opts.off_cpu { format!(", {:.3} s off CPU", profile.off_cpu_ns() as f64 / 1e9) } else { String::new() },
+        truncated_stacks(&on_cpu_stacks, opts.off_cpu.then_some(&off_cpu_stacks)),
     ));
     if target_exited {
         lines.push(format!(
@@ -338,6 +343,25 @@ fn sample(
         lines.push(format!("ended by signal {sig}"));
     }
     Ok(Report { lines })
+}
+
+/// The summary's account of user stacks that do not reach their thread's
+/// entry, with what the frame-pointer walk alone would have given.
+fn truncated_stacks(on_cpu: &unwind::Wholeness, off_cpu: Option<&unwind::Wholeness>) -> String {
+    match off_cpu {
+        None => format!(
+            "truncated user stacks: {:.1} % of on-CPU samples (frame pointers alone: {:.1} %)",
+            on_cpu.truncated_percent(),
+            on_cpu.truncated_frame_pointers_percent()
+        ),
+        Some(off) => format!(
+            "truncated user stacks: {:.1} % of on-CPU samples, {:.1} % of off-CPU time (frame pointers alone: {:.1} %, {:.1} %)",
+            on_cpu.truncated_percent(),
+            off.truncated_percent(),
+            on_cpu.truncated_frame_pointers_percent(),
+            off.truncated_frame_pointers_percent()
+        ),
+    }
 }
 
 /// The Resource with `process.pid` added when the process context lacks it.
