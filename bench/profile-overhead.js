@@ -73,17 +73,21 @@ async function once(opts, profiled) {
   const { next } = jsonLines(child.stdout);
   const { ready: pid } = await next('ready');
   let profiler = null;
+  let summary = '';
   if (profiled) {
     const args = ['profile', '--pid', String(pid), '--duration', '600', '--hz', String(opts.hz), '-o', '/dev/null'];
     if (opts.offCpu) args.push('--off-cpu');
     profiler = spawn(READER, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    profiler.stderr.on('data', (d) => (summary += d));
     // Let it attach before the work starts.
     await new Promise((r) => setTimeout(r, 1000));
   }
   child.stdin.write('go\n');
   const { cpuTicks } = await next('result', 600000);
   if (profiler) await new Promise((r) => profiler.once('exit', r));
-  return cpuTicks / 100;
+  const own = summary.match(/([\d.]+) µs per sample \((\d+) samples\)/);
+  const truncated = summary.match(/truncated user stacks: ([^\n]*)/);
+  return { cpu: cpuTicks / 100, perSampleUs: own ? Number(own[1]) : null, samples: own ? Number(own[2]) : null, truncated: truncated?.[1] ?? null };
 }
 
 async function main() {
@@ -95,13 +99,16 @@ async function main() {
   }
   const base = [];
   const prof = [];
+  const perSample = [];
   for (let r = 0; r < opts.rounds; r++) {
-    base.push(await once(opts, false));
-    prof.push(await once(opts, true));
-    console.log(`round ${r + 1}: target CPU ${base.at(-1).toFixed(2)} s without, ${prof.at(-1).toFixed(2)} s with profile at ${opts.hz} Hz${opts.offCpu ? ' --off-cpu' : ''}`);
+    base.push((await once(opts, false)).cpu);
+    const p = await once(opts, true);
+    prof.push(p.cpu);
+    perSample.push(p.perSampleUs);
+    console.log(`round ${r + 1}: target CPU ${base.at(-1).toFixed(2)} s without, ${prof.at(-1).toFixed(2)} s with profile at ${opts.hz} Hz${opts.offCpu ? ' --off-cpu' : ''}; the profiler: ${p.perSampleUs} µs of CPU per sample (${p.samples} samples); truncated user stacks: ${p.truncated}`);
   }
   const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
-  console.log(`Node ${process.version}: median target CPU ${median(base).toFixed(2)} s without, ${median(prof).toFixed(2)} s with: ratio ${(median(prof) / median(base)).toFixed(3)}`);
+  console.log(`Node ${process.version}: median target CPU ${median(base).toFixed(2)} s without, ${median(prof).toFixed(2)} s with: ratio ${(median(prof) / median(base)).toFixed(3)}; the profiler's own CPU: median ${median(perSample)} µs per sample`);
 }
 
 main().catch((e) => {

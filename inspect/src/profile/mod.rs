@@ -339,10 +339,30 @@ fn sample(
         lines.push(format!("sent OTLP profiles to {endpoint}: {status}"));
     }
     lines.extend(notes);
+    let own_cpu_ns = own_cpu_ns();
+    lines.push(format!(
+        "the profiler used {:.3} s of CPU: {:.0} µs per sample ({} samples)",
+        own_cpu_ns as f64 / 1e9,
+        own_cpu_ns as f64 / 1e3 / samples.len().max(1) as f64,
+        samples.len()
+    ));
     if let Some(sig) = crate::signals::requested() {
         lines.push(format!("ended by signal {sig}"));
     }
     Ok(Report { lines })
+}
+
+/// CPU time this process used so far (user and system), in nanoseconds.
+#[cfg(profile_bpf)]
+fn own_cpu_ns() -> u64 {
+    // SAFETY: getrusage writes into the zeroed struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    ns(usage.ru_utime) + ns(usage.ru_stime)
 }
 
 /// The summary's account of user stacks that do not reach their thread's
