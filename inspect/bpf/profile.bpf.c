@@ -183,6 +183,7 @@ static __always_inline void fill(void *ctx, struct sample *s, struct task_struct
 
 // Bytes of stack copied from the stack pointer up (at most).
 #define USER_STACK_COPY_BYTES (64 * 1024)
+#define PAGE_BYTES 4096
 
 enum { KIND_USER_STACK = 2 };
 
@@ -193,12 +194,13 @@ struct user_stack_copy {
 	__u64 ip;                 // user registers at the sample (or at kernel entry)
 	__u64 sp;
 	__u64 bp;
-	__s32 bytes;              // bytes copied from sp, or a negative errno
+	__s32 bytes;              // bytes copied from sp
 	__u32 reserved;
 	__u8 stack[USER_STACK_COPY_BYTES];
+	__u8 slack[PAGE_BYTES];   // never sent: lets the verifier see a page copy fit
 };
 
-#define USER_STACK_COPY_HEADER (sizeof(struct user_stack_copy) - USER_STACK_COPY_BYTES)
+#define USER_STACK_COPY_HEADER (sizeof(struct user_stack_copy) - USER_STACK_COPY_BYTES - PAGE_BYTES)
 
 // Staging for a copy, one slot per CPU (far larger than the BPF stack, and
 // than a per-CPU map's values may be). Userspace sets max_entries to the
@@ -244,6 +246,28 @@ static __always_inline __u64 user_stack_top(struct task_struct___stack *task, __
 	return top > sp ? top : 0;
 }
 
+// Copies [src, src + len) page by page: a page never touched (the unused
+// part of a large array on the stack, such as libuv's epoll event buffer)
+// is not present, and the non-faulting read refuses a range that holds
+// one; such a page reads as zeros (bpf_probe_read_user clears what it
+// could not read), which no unwinder mistakes for a frame.
+static __always_inline void copy_by_page(__u8 *dst, __u64 src, __u64 len)
+{
+	__u64 done = 0;
+	for (int i = 0; i <= USER_STACK_COPY_BYTES / PAGE_BYTES; i++) {
+		if (done >= len)
+			break;
+		__u64 chunk = PAGE_BYTES - ((src + done) & (PAGE_BYTES - 1));
+		if (chunk > len - done)
+			chunk = len - done;
+		if (chunk > PAGE_BYTES)
+			chunk = PAGE_BYTES;
+		__u64 at = done & (USER_STACK_COPY_BYTES - 1);
+		bpf_probe_read_user(dst + at, chunk, (void *)(src + done));
+		done += chunk;
+	}
+}
+
 // Copies the user registers of `task` (as saved at its entry into the
 // kernel: the interrupt of an on-CPU tick, the system call of a wait) and
 // its stack from sp, and sends them. `task` must be current or, at
@@ -274,9 +298,10 @@ static __always_inline __u64 send_user_stack(struct task_struct *task)
 	len &= (USER_STACK_COPY_BYTES << 1) - 1;
 	if (len == 0 || len > USER_STACK_COPY_BYTES)
 		return 0;
-	long err = bpf_probe_read_user(c->stack, len, (void *)c->sp);
-	c->bytes = err ? (__s32)err : (__s32)len;
-	__u64 size = USER_STACK_COPY_HEADER + (err ? 0 : len);
+	if (bpf_probe_read_user(c->stack, len, (void *)c->sp))
+		copy_by_page(c->stack, c->sp, len);
+	c->bytes = len;
+	__u64 size = USER_STACK_COPY_HEADER + len;
 	if (size > sizeof(*c))
 		return 0;
 	if (bpf_ringbuf_output(&samples, c, size, 0)) {
