@@ -229,16 +229,25 @@ impl StackUnwinder {
 /// the frame-pointer walk alone when there is no unwound stack worth more.
 pub fn choose(unwound: &Stack, frame_pointers: &[u64]) -> Vec<u64> {
     let u = &unwound.frames;
-    if unwound.reached_entry || u.len() < 2 {
-        return if u.len() >= frame_pointers.len() || unwound.reached_entry {
+    if unwound.reached_entry {
+        return u.clone();
+    }
+    if u.len() < 2 {
+        return if u.len() >= frame_pointers.len() {
             u.clone()
         } else {
             frame_pointers.to_vec()
         };
     }
     let last = u[u.len() - 1];
-    match frame_pointers.iter().skip(1).position(|&a| a == last) {
+    // Where the frame-pointer walk has the unwound stack's last return
+    // address (never its first frame: that is the same instruction pointer).
+    match frame_pointers[1.min(frame_pointers.len())..]
+        .iter()
+        .position(|&a| a == last)
+    {
         Some(i) => u.iter().chain(&frame_pointers[i + 2..]).copied().collect(),
+        // The frame-pointer walk holds every unwound return address and more.
         None if frame_pointers.len() > u.len()
             && u[1..].iter().all(|a| frame_pointers.contains(a)) =>
         {
