@@ -25,8 +25,9 @@
 //!    element count plus the deleted count): if `key == *als_handle`, the
 //!    entry's `value` is the wrapper; else `i = chain`;
 //! 6. `record = *(wrapper - 1 + js_object_record_offset)`, the address of
-//!    an OTEP 4947 record ([`crate::record`]), read and validated as in the
-//!    record schema (`valid` must be [`crate::record::VALID`]).
+//!    an OTEP 4947 record ([`crate::record`]) itself, not of an object
+//!    holding it (no further hop), read and validated as in the record
+//!    schema (`valid` must be [`crate::record::VALID`]).
 //!
 //! Every step reads target memory that may be stale or hostile: a reader
 //! bounds every count and index and reports "no span" with a reason when a
@@ -60,7 +61,8 @@ pub struct ThreadContext {
     /// JS identity hash of that AsyncLocalStorage (a 32-bit int; the four
     /// bytes after it are padding).
     pub als_identity_hash: i32,
-    /// Padding, zero.
+    /// Padding. Unspecified: a writer may leave anything here (Datadog's
+    /// stores the hash as part of a wider word), so readers ignore it.
     pub padding: u32,
     /// This isolate's tagged `undefined` (read-only space, never moves).
     pub undefined_addr: u64,
