@@ -1,16 +1,20 @@
 //! Finds the modules (executable, shared libraries, dlopen'ed addons) that
-//! define `otel_thread_ctx_v1`, from `/proc/<pid>/maps` and the ELF files
-//! behind those mappings.
+//! define a thread-context symbol of any [`Schema`] (`otel_thread_ctx_v1`,
+//! `otel_thread_ctx_nodejs_v1`, or both), from `/proc/<pid>/maps` and the
+//! ELF files behind those mappings.
 
 use std::collections::HashSet;
 use std::fs::{self, File};
 
 use crate::elf::{self, AccessModel, MappedFile, TlsDefinition};
 use crate::maps::Mapping;
+use crate::schema::Schema;
 
-/// A loaded module that defines the symbol.
+/// A loaded module that defines the symbol of one schema (a module that
+/// defines both appears twice).
 #[derive(Clone, Debug)]
 pub struct DefiningModule {
+    pub schema: Schema,
     /// Path as `/proc/<pid>/maps` shows it.
     pub path: String,
     /// True for the process's main program.
@@ -24,7 +28,8 @@ pub struct DefiningModule {
 /// The outcome of scanning every mapped ELF file.
 #[derive(Debug, Default)]
 pub struct Discovery {
-    /// Defining modules, the executable first, then in address order.
+    /// Defining modules, the executable first, then in address order
+    /// (schemas mixed: see [`Discovery::of`]).
     pub modules: Vec<DefiningModule>,
     /// Number of distinct mapped files looked at.
     pub scanned: usize,
@@ -55,33 +60,43 @@ pub fn discover(pid: i32, maps: &[Mapping]) -> Discovery {
         if !image.bytes().starts_with(b"\x7fELF") {
             continue;
         }
-        let definition = match elf::analyze(image.bytes()) {
-            Ok(Some(d)) => d,
-            Ok(None) => continue,
-            Err(e) => {
-                out.errors.push(format!("{}: {e}", m.path));
-                continue;
-            }
-        };
-        let Some(bias) = definition.load_bias(m.start, m.offset) else {
-            out.errors.push(format!(
-                "{}: no PT_LOAD segment matches file offset {:#x}",
-                m.path, m.offset
-            ));
-            continue;
-        };
-        let is_executable = exe.as_deref() == Some(m.path.as_str());
-        let model = definition.access_model(is_executable);
-        out.modules.push(DefiningModule {
-            path: m.path.clone(),
-            is_executable,
-            bias,
-            definition,
-            model,
-        });
+        for schema in Schema::ALL {
+            let definition = match elf::analyze(image.bytes(), schema.symbol()) {
+                Ok(Some(d)) => d,
+                Ok(None) => continue,
+                Err(e) => {
+                    out.errors.push(format!("{}: {e}", m.path));
+                    break;
+                }
+            };
+            let Some(bias) = definition.load_bias(m.start, m.offset) else {
+                out.errors.push(format!(
+                    "{}: no PT_LOAD segment matches file offset {:#x}",
+                    m.path, m.offset
+                ));
+                break;
+            };
+            let is_executable = exe.as_deref() == Some(m.path.as_str());
+            let model = definition.access_model(is_executable);
+            out.modules.push(DefiningModule {
+                schema,
+                path: m.path.clone(),
+                is_executable,
+                bias,
+                definition,
+                model,
+            });
+        }
     }
     out.modules.sort_by_key(|m| !m.is_executable);
     out
+}
+
+impl Discovery {
+    /// The modules that define `schema`'s symbol, the executable first.
+    pub fn of(&self, schema: Schema) -> impl Iterator<Item = &DefiningModule> {
+        self.modules.iter().filter(move |m| m.schema == schema)
+    }
 }
 
 /// Opens the file behind a mapping: through `map_files` (works for deleted

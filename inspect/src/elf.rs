@@ -1,6 +1,7 @@
-//! ELF facts about one module: does it define `otel_thread_ctx_v1`, where is
-//! its TLS template, and how does its code reach the variable (which
-//! relocations reference it, hence which TLS access model applies).
+//! ELF facts about one module: does it define a thread-context symbol
+//! (`otel_thread_ctx_v1`, `otel_thread_ctx_nodejs_v1`), where is its TLS
+//! template, and how does its code reach the variable (which relocations
+//! reference it, hence which TLS access model applies).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -8,9 +9,6 @@ use std::os::fd::AsRawFd;
 use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
 use object::{Endianness, SectionIndex};
-
-/// The discovery symbol (OTEP 4947).
-pub use otel_thread_ctx_abi::record::TLS_SYMBOL as SYMBOL;
 
 /// A read-only private mapping of a whole file. Only the pages the ELF parser
 /// touches are read from disk, which matters for 100 MB executables.
@@ -260,10 +258,10 @@ pub enum ElfError {
     Unreadable(#[source] object::read::Error),
 }
 
-/// Looks `otel_thread_ctx_v1` up in the `.dynsym` of the ELF image `data`.
+/// Looks `symbol` up in the `.dynsym` of the ELF image `data`.
 /// `Ok(None)`: the module does not define it (or has no TLS at all).
 /// `Err`: the file is not a 64-bit ELF the reader can parse.
-pub fn analyze(data: &[u8]) -> Result<Option<TlsDefinition>, ElfError> {
+pub fn analyze(data: &[u8], symbol: &str) -> Result<Option<TlsDefinition>, ElfError> {
     let file = ElfFile64::<Endianness>::parse(data).map_err(ElfError::Unreadable)?;
     let endian = file.endian();
     let header = file.elf_header();
@@ -295,7 +293,7 @@ pub fn analyze(data: &[u8]) -> Result<Option<TlsDefinition>, ElfError> {
     let Some((index, sym)) = dynsym.enumerate().find(|(_, s)| {
         s.st_shndx(endian) != elf::SHN_UNDEF
             && s.name(endian, strings)
-                .is_ok_and(|n| n == SYMBOL.as_bytes())
+                .is_ok_and(|n| n == symbol.as_bytes())
     }) else {
         return Ok(None);
     };
@@ -452,6 +450,6 @@ mod tests {
 
     #[test]
     fn non_elf_is_an_error() {
-        assert!(analyze(b"definitely not an ELF file").is_err());
+        assert!(analyze(b"definitely not an ELF file", "otel_thread_ctx_v1").is_err());
     }
 }

@@ -18,6 +18,7 @@ mod profile;
 mod ptrace;
 mod record;
 mod sample;
+mod schema;
 mod signals;
 mod target;
 mod thread;

@@ -11,7 +11,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
-use crate::inspect::{ProcessContextInfo, Report};
+use crate::inspect::{ProcessContextInfo, Report, SymbolInfo};
 use crate::sample::{Exec, Summary};
 
 /// Whether a terminal could act on `c` rather than print it: C0 controls
@@ -64,6 +64,51 @@ fn value_text(v: &Value) -> String {
     }
 }
 
+/// One schema's symbol: where, how it is reached, how it resolved.
+fn symbol_lines(o: &mut String, s: &SymbolInfo) {
+    let _ = writeln!(
+        o,
+        "symbol:     {} ({}) in {}{} (st_value {:#x}, size {}, load bias {})",
+        s.name,
+        s.schema,
+        escape(&s.module),
+        if s.executable { " [executable]" } else { "" },
+        s.st_value,
+        s.st_size,
+        s.load_bias
+    );
+    let relocs: Vec<String> = s
+        .relocations
+        .iter()
+        .map(|x| format!("{} @ {}", x.kind, x.got_address))
+        .collect();
+    let _ = writeln!(
+        o,
+        "access:     {}{}",
+        s.access_model,
+        if relocs.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", relocs.join(", "))
+        }
+    );
+    match (&s.resolution, &s.resolution_error) {
+        (Some(res), _) => {
+            let _ = writeln!(
+                o,
+                "resolved:   {} TLS, {}: {}",
+                res.tls_model,
+                res.path,
+                escape(&res.evidence)
+            );
+        }
+        (None, Some(e)) => {
+            let _ = writeln!(o, "resolved:   FAILED: {}", escape(e));
+        }
+        _ => {}
+    }
+}
+
 /// The inspect report as text: a header, the process context, a thread table.
 pub fn inspect(r: &Report) -> String {
     let mut o = String::new();
@@ -73,54 +118,23 @@ pub fn inspect(r: &Report) -> String {
         "NOT conformant"
     };
     let _ = writeln!(o, "pid {}: {verdict}", r.pid);
-    match &r.symbol {
-        None => {
-            let _ = writeln!(
-                o,
-                "symbol:     otel_thread_ctx_v1 not found in any mapped module"
-            );
-        }
-        Some(s) => {
-            let _ = writeln!(
-                o,
-                "symbol:     otel_thread_ctx_v1 in {}{} (st_value {:#x}, size {}, load bias {})",
-                escape(&s.module),
-                if s.executable { " [executable]" } else { "" },
-                s.st_value,
-                s.st_size,
-                s.load_bias
-            );
-            let relocs: Vec<String> = s
-                .relocations
-                .iter()
-                .map(|x| format!("{} @ {}", x.kind, x.got_address))
-                .collect();
-            let _ = writeln!(
-                o,
-                "access:     {}{}",
-                s.access_model,
-                if relocs.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", relocs.join(", "))
-                }
-            );
-            match (&s.resolution, &s.resolution_error) {
-                (Some(res), _) => {
-                    let _ = writeln!(
-                        o,
-                        "resolved:   {} TLS, {}: {}",
-                        res.tls_model,
-                        res.path,
-                        escape(&res.evidence)
-                    );
-                }
-                (None, Some(e)) => {
-                    let _ = writeln!(o, "resolved:   FAILED: {}", escape(e));
-                }
-                _ => {}
-            }
-        }
+    if r.symbol.is_none() && r.nodejs_symbol.is_none() {
+        let _ = writeln!(
+            o,
+            "symbol:     neither otel_thread_ctx_v1 nor otel_thread_ctx_nodejs_v1 found in any mapped module"
+        );
+    }
+    for s in [&r.symbol, &r.nodejs_symbol].into_iter().flatten() {
+        symbol_lines(&mut o, s);
+    }
+    for m in r.modules.iter().filter(|m| !m.read) {
+        let _ = writeln!(
+            o,
+            "also:       {} in {} ({}, not read)",
+            m.symbol,
+            escape(&m.path),
+            m.access_model
+        );
     }
     match &r.process_context {
         ProcessContextInfo::Absent => {
@@ -188,8 +202,8 @@ pub fn inspect(r: &Report) -> String {
         let _ = writeln!(o);
         let _ = writeln!(
             o,
-            "{:<8} {:<16} {:<9} {:<32} {:<16} {:<5} {:<18} DETAIL",
-            "TID", "NAME", "STATUS", "TRACE_ID", "SPAN_ID", "FLAGS", "VARIABLE"
+            "{:<8} {:<16} {:<9} {:<14} {:<32} {:<16} {:<5} {:<18} DETAIL",
+            "TID", "NAME", "STATUS", "SCHEMA", "TRACE_ID", "SPAN_ID", "FLAGS", "VARIABLE"
         );
         for t in &r.threads {
             let rec = t.record.as_ref();
@@ -217,10 +231,11 @@ pub fn inspect(r: &Report) -> String {
             };
             let _ = writeln!(
                 o,
-                "{:<8} {:<16} {:<9} {:<32} {:<16} {:<5} {:<18} {}",
+                "{:<8} {:<16} {:<9} {:<14} {:<32} {:<16} {:<5} {:<18} {}",
                 t.tid,
                 escape(&t.name),
                 t.status,
+                t.schema.map_or("-", |s| s.name()),
                 rec.and_then(|r| r.trace_id.clone())
                     .unwrap_or_else(|| "-".into()),
                 rec.and_then(|r| r.span_id.clone())
@@ -272,6 +287,9 @@ pub fn sample(s: &Summary) -> String {
         "pid {}: {} rounds in {:.2} s = {:.1} Hz achieved (requested {} Hz), {} thread reads, {} ticks missed, via {}",
         s.pid, s.rounds, s.elapsed_s, s.achieved_hz, s.requested_hz, s.reads, s.missed_ticks, s.resolution_path
     );
+    if let Some(path) = s.nodejs_resolution_path {
+        let _ = writeln!(o, "otel_thread_ctx_nodejs_v1 (nodejs_v1_dev) via {path}");
+    }
     let st = &s.stop_time;
     let _ = writeln!(
         o,
@@ -330,6 +348,21 @@ pub fn sample(s: &Summary) -> String {
                 sp.trace_id,
                 sp.span_id,
                 sp.share * 100.0
+            );
+        }
+        if !t.no_span.is_empty() {
+            let reasons: Vec<String> = t
+                .no_span
+                .iter()
+                .map(|(reason, n)| format!("{reason} {n}"))
+                .collect();
+            let _ = writeln!(
+                o,
+                "{:<8} {:<16} no span ({}): {}",
+                "",
+                "",
+                t.schema.map_or("-", |s| s.name()),
+                reasons.join(", ")
             );
         }
     }

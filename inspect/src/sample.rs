@@ -9,11 +9,15 @@ use opentelemetry::trace::{SpanId, TraceId};
 use serde::Serialize;
 
 use crate::error::Fatal;
+use crate::process_context;
 use crate::ptrace::Tracer;
+use crate::record::decode_attributes;
+use crate::schema::nodejs::{self, Reason};
+use crate::schema::Schema;
 use crate::signals;
 use crate::target::Target;
-use crate::thread::{self, Outcome};
-use crate::tls::{self, Resolution, TlsError};
+use crate::thread::{self, Outcome, Plans};
+use crate::tls::{self, TlsError};
 
 /// Layout version of the JSON summary.
 pub const SCHEMA: &str = "otel-thread-ctx.sample/v1";
@@ -33,9 +37,18 @@ pub struct RawSample<'a> {
     /// CLOCK_MONOTONIC nanoseconds at which the thread was stopped.
     pub t_ns: u64,
     pub valid: bool,
+    /// The schema the read comes from (`tlsdesc_v1_dev`, `nodejs_v1_dev`).
+    pub schema: Option<Schema>,
     pub trace_id: Option<String>,
     pub span_id: Option<String>,
     pub trace_flags: Option<u8>,
+    /// The span's attributes, by key name (key map from the process
+    /// context; `#<index>` for an index it does not name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attributes: Option<BTreeMap<String, String>>,
+    /// Present only when the Node.js walk found no span: why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_span_reason: Option<&'static str>,
     /// Present only when the read failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<&'a str>,
@@ -49,9 +62,13 @@ pub struct RawSample<'a> {
 pub struct Summary {
     pub schema: &'static str,
     pub pid: i32,
-    /// Resolution path of the reads (see the inspect report); after an exec,
-    /// the new program's is in `execs`.
+    /// Resolution path of the reads (see the inspect report): the record
+    /// schema's, else the Node.js schema's; after an exec, the new
+    /// program's is in `execs`.
     pub resolution_path: &'static str,
+    /// Resolution path of `otel_thread_ctx_nodejs_v1`, when the process
+    /// publishes the Node.js schema.
+    pub nodejs_resolution_path: Option<&'static str>,
     pub requested_hz: f64,
     pub requested_duration_s: f64,
     pub elapsed_s: f64,
@@ -111,7 +128,11 @@ pub struct StopStats {
 pub struct ThreadSummary {
     pub tid: i32,
     pub name: String,
+    /// The schema of the thread's latest read.
+    pub schema: Option<Schema>,
     pub samples: u64,
+    /// Samples of the Node.js walk without a span, per reason (in `idle`).
+    pub no_span: BTreeMap<&'static str, u64>,
     /// Samples with no record or an invalid one (including `zero_ids`).
     pub idle: u64,
     pub idle_share: f64,
@@ -136,6 +157,8 @@ pub struct SpanShare {
 
 #[derive(Default)]
 struct Tally {
+    schema: Option<Schema>,
+    no_span: BTreeMap<Reason, u64>,
     samples: u64,
     idle: u64,
     zero_ids: u64,
@@ -171,29 +194,81 @@ fn sleep_until(t: Instant) {
 /// Why the process publishes no readable thread context (exit status 1).
 #[derive(Debug, thiserror::Error)]
 pub enum Unpublished {
-    #[error("no module defines otel_thread_ctx_v1")]
+    #[error("no module defines otel_thread_ctx_v1 or otel_thread_ctx_nodejs_v1")]
     NoModule,
-    #[error("cannot resolve otel_thread_ctx_v1 in {module}: {source}")]
+    #[error("cannot resolve {symbol} in {module}: {source}")]
     Unresolvable {
+        symbol: &'static str,
         module: String,
         #[source]
         source: TlsError,
     },
 }
 
-/// The thread context of the program the process runs, or why it has none.
-fn resolve(target: &Target) -> Result<Resolution, Unpublished> {
-    let Some(module) = &target.module else {
-        return Err(Unpublished::NoModule);
-    };
-    match target.resolution.clone() {
-        Some(Ok(r)) => Ok(r),
-        Some(Err(source)) => Err(Unpublished::Unresolvable {
-            module: module.path.clone(),
-            source,
-        }),
-        None => Err(Unpublished::NoModule),
+/// How the reads of one program find its threads' context.
+struct Reading {
+    plans: Plans,
+    /// The key map of the process context, for attributes.
+    key_map: Option<Vec<String>>,
+    /// The record schema's resolution path, else the Node.js schema's.
+    path: &'static str,
+    nodejs_path: Option<&'static str>,
+}
+
+/// The thread context of the program the process runs, or why it has none:
+/// every schema it publishes whose variable resolves.
+fn resolve(target: &Target) -> Result<Reading, Unpublished> {
+    let mut paths = Vec::new();
+    let mut failure = None;
+    for schema in Schema::ALL {
+        match target.schema(schema) {
+            Some((_, Ok(r))) => paths.push((schema, r.path)),
+            Some((module, Err(source))) => {
+                failure.get_or_insert(Unpublished::Unresolvable {
+                    symbol: schema.symbol(),
+                    module: module.path.clone(),
+                    source: source.clone(),
+                });
+            }
+            None => {}
+        }
     }
+    let Some(&(_, path)) = paths.first() else {
+        return Err(failure.unwrap_or(Unpublished::NoModule));
+    };
+    let pc = process_context::lookup(&target.maps, &target.memory);
+    let key_map = match &pc {
+        process_context::Lookup::Found(d) => d.attribute_key_map.clone(),
+        _ => None,
+    };
+    Ok(Reading {
+        plans: Plans {
+            record: target.plan(Schema::Record),
+            nodejs: target.plan(Schema::Nodejs),
+            layout: pc.v8_layout(),
+        },
+        key_map,
+        path,
+        nodejs_path: paths
+            .iter()
+            .find(|(s, _)| *s == Schema::Nodejs)
+            .map(|&(_, p)| p),
+    })
+}
+
+/// The attributes of a record's attrs_data, by key name.
+fn attributes(data: &[u8], key_map: Option<&[String]>) -> BTreeMap<String, String> {
+    decode_attributes(data)
+        .entries
+        .into_iter()
+        .map(|a| {
+            let key = key_map
+                .and_then(|m| m.get(a.key_index as usize))
+                .cloned()
+                .unwrap_or_else(|| format!("#{}", a.key_index));
+            (key, String::from_utf8_lossy(&a.value).into_owned())
+        })
+        .collect()
 }
 
 /// The executable the process runs now (`/proc/<pid>/exe`).
@@ -240,6 +315,7 @@ pub fn run(
         Err(e) => return Ok(Err(e)),
     };
     let first_path = resolution.path;
+    let nodejs_path = resolution.nodejs_path;
     // What is read now; `None` after an exec until the new program's
     // thread context is found.
     let mut current = Some((target, resolution));
@@ -306,10 +382,10 @@ pub fn run(
             let read = match thread::read(
                 &mut tracer,
                 tid,
-                &resolution.plan,
+                &resolution.plans,
                 &target.memory,
                 &tls::HOST,
-                false,
+                raw.is_some(),
             ) {
                 Ok(read) => read,
                 // The process died under the read: end with what was gathered.
@@ -358,10 +434,14 @@ pub fn run(
             }
             let tally = tallies.entry(tid).or_default();
             tally.samples += 1;
+            tally.schema = read.schema.or(tally.schema);
             let mut line = RawSample {
                 tid,
                 t_ns: read.t_ns,
                 valid: false,
+                schema: read.schema,
+                attributes: None,
+                no_span_reason: None,
                 trace_id: None,
                 span_id: None,
                 trace_flags: None,
@@ -380,6 +460,10 @@ pub fn run(
                     line.trace_id = Some(r.header.trace_id.to_string());
                     line.span_id = Some(r.header.span_id.to_string());
                     line.trace_flags = Some(r.header.trace_flags.to_u8());
+                    if raw.is_some() {
+                        line.attributes =
+                            Some(attributes(&r.attrs_data, resolution.key_map.as_deref()));
+                    }
                 }
                 Outcome::Record(r) if r.header.is_valid() => {
                     // Marked valid, but an all-zero id names no span.
@@ -389,6 +473,11 @@ pub fn run(
                     line.problem = zero_ids.as_deref();
                 }
                 Outcome::Record(_) | Outcome::NoRecord(_) => tally.idle += 1,
+                Outcome::NoSpan(nodejs::NoSpan { reason, .. }) => {
+                    tally.idle += 1;
+                    *tally.no_span.entry(*reason).or_default() += 1;
+                    line.no_span_reason = Some(reason.as_str());
+                }
                 Outcome::Error(e) => {
                     tally.errors += 1;
                     error = e.to_string();
@@ -435,7 +524,13 @@ pub fn run(
             ThreadSummary {
                 tid,
                 name: thread::name(opts.pid, tid),
+                schema: t.schema,
                 samples: t.samples,
+                no_span: t
+                    .no_span
+                    .into_iter()
+                    .map(|(r, n)| (r.as_str(), n))
+                    .collect(),
                 idle: t.idle,
                 // A thread whose every read was skipped has no samples.
                 idle_share: if t.samples == 0 {
@@ -454,6 +549,7 @@ pub fn run(
         schema: SCHEMA,
         pid: opts.pid,
         resolution_path: first_path,
+        nodejs_resolution_path: nodejs_path,
         requested_hz: opts.hz,
         requested_duration_s: opts.duration.as_secs_f64(),
         elapsed_s: elapsed,

@@ -1,5 +1,6 @@
-//! The process being read: its maps, the module that defines the symbol,
-//! and the module-wide TLS resolution. Nothing here stops a thread.
+//! The process being read: its maps, the modules that define a schema's
+//! symbol, and the module-wide TLS resolution of each schema read. Nothing
+//! here stops a thread.
 
 use std::fs;
 use std::io::{self, ErrorKind};
@@ -7,7 +8,8 @@ use std::io::{self, ErrorKind};
 use crate::discovery::{self, DefiningModule, Discovery};
 use crate::maps::{self, Mapping};
 use crate::memory::{Memory, OpenError, ProcessMemory};
-use crate::tls::{self, Resolution, TlsError};
+use crate::schema::Schema;
+use crate::tls::{self, Plan, Resolution, TlsError};
 
 /// Why the target cannot be examined at all (a usage or permission failure).
 #[derive(Debug, thiserror::Error)]
@@ -57,10 +59,33 @@ pub struct Target {
     pub maps: Vec<Mapping>,
     pub memory: ProcessMemory,
     pub discovery: Discovery,
-    /// The module whose variable is read (the first definition).
+    /// The module whose `otel_thread_ctx_v1` is read (the first definition).
     pub module: Option<DefiningModule>,
     /// How each thread's variable is found, or why it cannot be.
     pub resolution: Option<Result<Resolution, TlsError>>,
+    /// The module whose `otel_thread_ctx_nodejs_v1` is read (the first
+    /// definition) and its resolution, through the same code as the record's.
+    pub nodejs: Option<(DefiningModule, Result<Resolution, TlsError>)>,
+}
+
+impl Target {
+    /// The module read for `schema`, and its resolution.
+    pub fn schema(
+        &self,
+        schema: Schema,
+    ) -> Option<(&DefiningModule, &Result<Resolution, TlsError>)> {
+        match schema {
+            Schema::Record => self.module.as_ref().zip(self.resolution.as_ref()),
+            Schema::Nodejs => self.nodejs.as_ref().map(|(m, r)| (m, r)),
+        }
+    }
+
+    /// The resolved plan of `schema`, when its variable can be found.
+    pub fn plan(&self, schema: Schema) -> Option<Plan> {
+        self.schema(schema)
+            .and_then(|(_, r)| r.as_ref().ok())
+            .map(|r| r.plan)
+    }
 }
 
 impl Target {
@@ -93,10 +118,14 @@ impl Target {
                 _ => continue,
             };
             let discovery = discovery::discover(live, &maps);
-            let module = discovery.modules.first().cloned();
+            let module = discovery.of(Schema::Record).next().cloned();
             let resolution = module
                 .as_ref()
                 .map(|m| tls::resolve(m, &memory, &tls::HOST));
+            let nodejs = discovery.of(Schema::Nodejs).next().cloned().map(|m| {
+                let r = tls::resolve(&m, &memory, &tls::HOST);
+                (m, r)
+            });
             if memory.ended() {
                 continue;
             }
@@ -106,6 +135,7 @@ impl Target {
                 discovery,
                 module,
                 resolution,
+                nodejs,
             });
         }
         if crate::thread::process_exited(pid) {

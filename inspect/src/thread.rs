@@ -1,12 +1,28 @@
-//! Reading one thread's context: stop it, find its variable, follow the
-//! pointer, read the record, let it go. Also lists the target's threads.
+//! Reading one thread's context: stop it, find its variables (one per
+//! schema the process publishes), follow them to a record, let it go. Also
+//! lists the target's threads.
 
 use std::fs;
+
+use otel_thread_ctx_abi::node_schema::V8Layout;
 
 use crate::memory::{Memory, MemoryError};
 use crate::ptrace::{RegsError, StopError, StopTimes, Tracer};
 use crate::record::{self, Record};
+use crate::schema::nodejs::{self, NoSpan, Reason, Trail};
+use crate::schema::Schema;
 use crate::tls::{self, Abi, Location, Plan, TlsError};
+
+/// How to find each schema's variable in any thread of the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plans {
+    /// `otel_thread_ctx_v1`, when a module defines it and it resolves.
+    pub record: Option<Plan>,
+    /// `otel_thread_ctx_nodejs_v1`, likewise.
+    pub nodejs: Option<Plan>,
+    /// The V8 layout the Node.js walk uses.
+    pub layout: V8Layout,
+}
 
 /// Why one thread's context could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +39,14 @@ pub enum ReadError {
     Record(#[from] record::ReadError),
 }
 
+/// What one schema's read of one thread found.
+#[derive(Debug)]
+enum SchemaOutcome {
+    Record(Record),
+    NoRecord(String),
+    NoSpan(NoSpan),
+}
+
 /// What was found behind one thread's `otel_thread_ctx_v1`.
 #[derive(Debug)]
 pub enum Outcome {
@@ -31,6 +55,8 @@ pub enum Outcome {
     Record(Record),
     /// No record: the pointer is NULL, or the thread has no TLS block yet.
     NoRecord(String),
+    /// The Node.js walk found no span, for this reason.
+    NoSpan(NoSpan),
     /// Something was unreadable or malformed.
     Error(ReadError),
     /// The thread exited before it could be read.
@@ -51,6 +77,11 @@ pub struct ThreadRead {
     pub variable: Option<u64>,
     /// The variable's value (the record pointer).
     pub pointer: Option<u64>,
+    /// The schema the outcome comes from, when a variable was read.
+    pub schema: Option<Schema>,
+    /// The Node.js schema: this thread's `otel_thread_ctx_nodejs_v1`
+    /// address and how far the walk got.
+    pub nodejs: Option<(u64, Trail)>,
     pub outcome: Outcome,
     pub times: Option<StopTimes>,
     /// The thread did not reach its stop within the timeout (or is still on
@@ -78,7 +109,7 @@ pub fn monotonic_ns() -> u64 {
 pub fn read(
     tracer: &mut Tracer,
     tid: i32,
-    plan: &Plan,
+    plans: &Plans,
     mem: &dyn Memory,
     abi: &Abi,
     with_attrs: bool,
@@ -88,6 +119,8 @@ pub fn read(
         thread_pointer: None,
         variable: None,
         pointer: None,
+        schema: None,
+        nodejs: None,
         outcome: Outcome::Gone,
         times: None,
         late_stop: false,
@@ -110,17 +143,20 @@ pub fn read(
     out.outcome = (|| -> Result<Outcome, ReadError> {
         let tp = stopped.thread_pointer()?;
         out.thread_pointer = Some(tp);
-        let var = match tls::locate(plan, tp, mem, abi)? {
-            Location::At(a) => a,
-            Location::Unallocated(why) => return Ok(Outcome::NoRecord(why)),
-        };
-        out.variable = Some(var);
-        let ptr = mem.read_u64(var).map_err(ReadError::Variable)?;
-        out.pointer = Some(ptr);
-        if ptr == 0 {
-            return Ok(Outcome::NoRecord("otel_thread_ctx_v1 is NULL".into()));
-        }
-        Ok(Outcome::Record(record::read(mem, ptr, with_attrs)?))
+        let record = plans
+            .record
+            .map(|plan| read_record_schema(&plan, tp, mem, abi, with_attrs, &mut out));
+        let nodejs = plans.nodejs.map(|plan| {
+            read_nodejs_schema(&plan, tp, mem, abi, &plans.layout, with_attrs, &mut out)
+        });
+        let (schema, outcome) =
+            choose(record, nodejs).ok_or(ReadError::Locate(TlsError::Unreferenced))?;
+        out.schema = Some(schema);
+        Ok(match outcome? {
+            SchemaOutcome::Record(r) => Outcome::Record(r),
+            SchemaOutcome::NoRecord(why) => Outcome::NoRecord(why),
+            SchemaOutcome::NoSpan(n) => Outcome::NoSpan(n),
+        })
     })()
     .unwrap_or_else(Outcome::Error);
     let failed = matches!(out.outcome, Outcome::Error(_));
@@ -143,6 +179,82 @@ pub fn read(
         out.times = None;
     }
     Ok(out)
+}
+
+/// The record schema: the variable holds the record's address, or NULL.
+fn read_record_schema(
+    plan: &Plan,
+    tp: u64,
+    mem: &dyn Memory,
+    abi: &Abi,
+    with_attrs: bool,
+    out: &mut ThreadRead,
+) -> Result<SchemaOutcome, ReadError> {
+    let var = match tls::locate(plan, tp, mem, abi)? {
+        Location::At(a) => a,
+        Location::Unallocated(why) => return Ok(SchemaOutcome::NoRecord(why)),
+    };
+    out.variable = Some(var);
+    let ptr = mem.read_u64(var).map_err(ReadError::Variable)?;
+    out.pointer = Some(ptr);
+    if ptr == 0 {
+        return Ok(SchemaOutcome::NoRecord("otel_thread_ctx_v1 is NULL".into()));
+    }
+    Ok(SchemaOutcome::Record(record::read(mem, ptr, with_attrs)?))
+}
+
+/// The Node.js schema: the walk from the thread's block to a record.
+fn read_nodejs_schema(
+    plan: &Plan,
+    tp: u64,
+    mem: &dyn Memory,
+    abi: &Abi,
+    layout: &V8Layout,
+    with_attrs: bool,
+    out: &mut ThreadRead,
+) -> Result<SchemaOutcome, ReadError> {
+    let var = match tls::locate(plan, tp, mem, abi)? {
+        Location::At(a) => a,
+        Location::Unallocated(why) => {
+            return Ok(SchemaOutcome::NoSpan(NoSpan {
+                reason: Reason::NotPublished,
+                detail: why,
+            }))
+        }
+    };
+    let mut trail = Trail::default();
+    let result = nodejs::read(mem, var, layout, with_attrs, &mut trail);
+    out.nodejs = Some((var, trail));
+    Ok(match result {
+        Ok(r) => SchemaOutcome::Record(r),
+        Err(n) => SchemaOutcome::NoSpan(n),
+    })
+}
+
+/// Which schema's answer a thread gets when the process publishes both: a
+/// span from either (the record's first), else the Node.js walk's reason
+/// when its block is published, else the record schema's answer.
+fn choose(
+    record: Option<Result<SchemaOutcome, ReadError>>,
+    nodejs: Option<Result<SchemaOutcome, ReadError>>,
+) -> Option<(Schema, Result<SchemaOutcome, ReadError>)> {
+    let names_a_span = |o: &Option<Result<SchemaOutcome, ReadError>>| matches!(o, Some(Ok(SchemaOutcome::Record(r))) if r.header.names_a_span());
+    let published = |o: &Option<Result<SchemaOutcome, ReadError>>| {
+        !matches!(
+            o,
+            None | Some(Ok(SchemaOutcome::NoSpan(NoSpan {
+                reason: Reason::NotPublished,
+                ..
+            })))
+        )
+    };
+    if names_a_span(&record) {
+        return record.map(|o| (Schema::Record, o));
+    }
+    if names_a_span(&nodejs) || published(&nodejs) || record.is_none() {
+        return nodejs.map(|o| (Schema::Nodejs, o));
+    }
+    record.map(|o| (Schema::Record, o))
 }
 
 /// The target's thread ids, ascending. Empty if the process is gone.

@@ -1,4 +1,6 @@
-//! From a thread pointer to the address of that thread's `otel_thread_ctx_v1`.
+//! From a thread pointer to the address of that thread's thread-context
+//! variable (`otel_thread_ctx_v1` or `otel_thread_ctx_nodejs_v1`: one code
+//! path for every schema's symbol).
 //!
 //! Two paths exist, and every access model ends in one of them:
 //! - static TLS: the variable sits at a fixed offset from every thread's
@@ -132,7 +134,9 @@ pub enum TlsError {
     NoTlsSegment,
     #[error("the module reaches the variable with the local-dynamic model, which OTEP 4947 does not support")]
     LocalDynamic,
-    #[error("no TLS relocation in the module references otel_thread_ctx_v1, so its TLS offset cannot be found")]
+    #[error(
+        "no TLS relocation in the module references the symbol, so its TLS offset cannot be found"
+    )]
     Unreferenced,
     #[error("DTV pointer: {0}")]
     DtvPointer(#[source] MemoryError),
@@ -354,6 +358,7 @@ pub(crate) mod tests {
 
     pub(crate) fn module(model: AccessModel) -> DefiningModule {
         DefiningModule {
+            schema: crate::schema::Schema::Record,
             path: "/lib/x.so".into(),
             is_executable: false,
             bias: 0x7000_0000,

@@ -6,9 +6,10 @@ use std::time::Duration;
 use crate::error::Fatal;
 use crate::process_context::{self, Lookup};
 use crate::ptrace::Tracer;
+use crate::schema::Schema;
 use crate::signals;
 use crate::target::Target;
-use crate::thread::{self, Outcome, ThreadRead};
+use crate::thread::{self, Outcome, Plans, ThreadRead};
 use crate::tls;
 
 /// One reading of the process.
@@ -21,8 +22,9 @@ pub struct Collected {
 
 /// What was learnt about the threads.
 pub enum Threads {
-    /// No module defines the symbol, or it cannot be located per thread:
-    /// the threads were listed (with their names), none was read.
+    /// No module defines a schema's symbol (the threads were listed, with
+    /// their names), or none can be located per thread (not listed): none
+    /// was read.
     Listed(Vec<(i32, String)>),
     /// Every thread was stopped and read.
     Read {
@@ -45,36 +47,37 @@ pub struct ReadThread {
 pub fn collect(pid: i32, stop_timeout: Duration) -> Result<Option<Collected>, Fatal> {
     let target = Target::open(pid)?;
     let process_context = process_context::lookup(&target.maps, &target.memory);
-    let plan = match &target.resolution {
-        Some(Ok(resolution)) => resolution.plan,
-        Some(Err(_)) => {
-            return Ok(Some(Collected {
-                pid,
-                target,
-                process_context,
-                threads: Threads::Listed(Vec::new()),
-            }))
-        }
-        None => {
-            let threads = thread::list(pid)
+    let plans = Plans {
+        record: target.plan(Schema::Record),
+        nodejs: target.plan(Schema::Nodejs),
+        layout: process_context.v8_layout(),
+    };
+    if plans.record.is_none() && plans.nodejs.is_none() {
+        // No schema's variable can be found in a thread: list them, when
+        // no module defines any symbol, so the report still names them.
+        let unresolved = target.resolution.is_some() || target.nodejs.is_some();
+        let threads = if unresolved {
+            Vec::new()
+        } else {
+            thread::list(pid)
                 .into_iter()
                 .map(|tid| (tid, thread::name(pid, tid)))
-                .collect();
-            return Ok(Some(Collected {
-                pid,
-                target,
-                process_context,
-                threads: Threads::Listed(threads),
-            }));
-        }
-    };
+                .collect()
+        };
+        return Ok(Some(Collected {
+            pid,
+            target,
+            process_context,
+            threads: Threads::Listed(threads),
+        }));
+    }
     let mut tracer = Tracer::new(pid, stop_timeout);
     let mut threads = Vec::new();
     for tid in thread::list(pid) {
         if let Some(sig) = signals::requested() {
             return Err(Fatal::Interrupted(sig));
         }
-        let read = thread::read(&mut tracer, tid, &plan, &target.memory, &tls::HOST, true)
+        let read = thread::read(&mut tracer, tid, &plans, &target.memory, &tls::HOST, true)
             .map_err(Fatal::Denied)?;
         if matches!(read.outcome, Outcome::AddressSpaceGone) && !thread::process_exited(pid) {
             return Ok(None);

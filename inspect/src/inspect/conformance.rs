@@ -6,6 +6,8 @@ use crate::discovery::DefiningModule;
 use crate::elf::AccessModel;
 use crate::process_context::Lookup;
 use crate::record::{Attributes, Header};
+use crate::schema::nodejs::NoSpan;
+use crate::schema::Schema;
 use crate::thread::ReadError;
 use crate::tls::TlsError;
 
@@ -52,28 +54,37 @@ pub fn process_context(f: &mut Findings, pc: &Lookup) {
     }
 }
 
-/// No module defines the symbol: the first problem of all, and the files
-/// that could not be examined may be why.
+/// No module defines any schema's symbol: the first problem of all, and the
+/// files that could not be examined may be why.
 pub fn no_module(f: &mut Findings, discovery_errors: &[String]) {
-    f.problems
-        .insert(0, "no module defines otel_thread_ctx_v1".into());
+    f.problems.insert(
+        0,
+        format!(
+            "no module defines {} or {}",
+            Schema::Record.symbol(),
+            Schema::Nodejs.symbol()
+        ),
+    );
     for e in discovery_errors {
         f.warning(format!("could not examine {e}"));
     }
 }
 
-/// The symbol is an 8-byte TLS variable (a pointer).
+/// The symbol is a TLS variable of its schema's size (a pointer for the
+/// record schema, the 32-byte block for the Node.js schema).
 pub fn symbol(f: &mut Findings, module: &DefiningModule) {
     let def = &module.definition;
+    let name = module.schema.symbol();
     if def.sym_type != object::elf::STT_TLS {
         f.problem(format!(
-            "otel_thread_ctx_v1 in {} is not a TLS symbol (st_type {})",
+            "{name} in {} is not a TLS symbol (st_type {})",
             module.path, def.sym_type
         ));
     }
-    if def.size != 8 {
+    let size = module.schema.symbol_size();
+    if def.size != size {
         f.problem(format!(
-            "otel_thread_ctx_v1 has size {} (a pointer is 8 bytes)",
+            "{name} has size {} (the schema's is {size} bytes)",
             def.size
         ));
     }
@@ -90,7 +101,8 @@ pub fn access_model(f: &mut Findings, module: &DefiningModule) {
 pub fn other_definitions(f: &mut Findings, module: &DefiningModule, others: &[String]) {
     if !others.is_empty() {
         f.warning(format!(
-            "otel_thread_ctx_v1 is also defined in {}; only {} is read",
+            "{} is also defined in {}; only {} is read",
+            module.schema.symbol(),
             others.join(", "),
             module.path
         ));
@@ -98,10 +110,22 @@ pub fn other_definitions(f: &mut Findings, module: &DefiningModule, others: &[St
 }
 
 /// The variable must be locatable in every thread.
-pub fn resolution(f: &mut Findings, error: &TlsError) {
+pub fn resolution(f: &mut Findings, schema: Schema, error: &TlsError) {
     f.problem(format!(
-        "cannot resolve otel_thread_ctx_v1 per thread: {error}"
+        "cannot resolve {} per thread: {error}",
+        schema.symbol()
     ));
+}
+
+/// A Node.js walk that ended on memory that is not what the schema
+/// describes: a warning (a sample inside GC sees this too), named per thread.
+pub fn walk(f: &mut Findings, tid: i32, no_span: &NoSpan) {
+    if no_span.reason.is_anomaly() {
+        f.warning(format!(
+            "thread {tid}: the {} walk: {no_span}",
+            Schema::Nodejs
+        ));
+    }
 }
 
 /// A thread whose context could not be read.
@@ -191,6 +215,7 @@ mod tests {
             attributes: Vec::new(),
             schema_version: schema.map(Into::into),
             attribute_key_map: keys.map(|k| k.iter().map(|s| s.to_string()).collect()),
+            v8_layout: None,
             warnings: warnings.iter().map(|w| w.to_string()).collect(),
         }))
     }
@@ -258,7 +283,10 @@ mod tests {
         no_module(&mut f, &["/x.so: cannot open".into()]);
         assert_eq!(
             f.problems,
-            ["no module defines otel_thread_ctx_v1", "earlier"]
+            [
+                "no module defines otel_thread_ctx_v1 or otel_thread_ctx_nodejs_v1",
+                "earlier"
+            ]
         );
         assert_eq!(f.warnings, ["could not examine /x.so: cannot open"]);
     }
@@ -276,7 +304,7 @@ mod tests {
             f.problems,
             [
                 "otel_thread_ctx_v1 in /lib/x.so is not a TLS symbol (st_type 1)",
-                "otel_thread_ctx_v1 has size 4 (a pointer is 8 bytes)",
+                "otel_thread_ctx_v1 has size 4 (the schema's is 8 bytes)",
             ]
         );
     }
@@ -311,7 +339,7 @@ mod tests {
     #[test]
     fn unresolvable_variables_and_unreadable_threads_are_problems() {
         let mut f = Findings::default();
-        resolution(&mut f, &TlsError::NoDtv);
+        resolution(&mut f, Schema::Record, &TlsError::NoDtv);
         let mem = FakeMemory::default();
         let err = record::read(&mem, 0x1001, true).unwrap_err();
         thread_error(&mut f, 7, &ReadError::Record(err));

@@ -10,7 +10,7 @@ mod report;
 
 use std::time::Duration;
 
-pub use report::{ProcessContextInfo, Report};
+pub use report::{ProcessContextInfo, Report, SymbolInfo};
 
 use crate::error::Fatal;
 

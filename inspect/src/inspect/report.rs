@@ -12,6 +12,9 @@ use crate::discovery::DefiningModule;
 use crate::elf::TlsRelocKind;
 use crate::process_context::{self, Lookup};
 use crate::record::{decode_attributes, Record};
+use crate::schema::nodejs::Trail;
+use crate::schema::Schema;
+use crate::target::Target;
 use crate::thread::Outcome;
 use crate::tls::{Plan, Resolution, TlsError};
 
@@ -29,14 +32,33 @@ pub struct Report {
     pub problems: Vec<String>,
     /// Deviations that do not prevent reading.
     pub warnings: Vec<String>,
+    /// Every module that defines a schema's symbol, with its schema.
+    pub modules: Vec<ModuleInfo>,
+    /// The `otel_thread_ctx_v1` read (record schema), if any.
     pub symbol: Option<SymbolInfo>,
+    /// The `otel_thread_ctx_nodejs_v1` read (Node.js schema), if any.
+    pub nodejs_symbol: Option<SymbolInfo>,
     pub process_context: ProcessContextInfo,
     pub threads: Vec<ThreadInfo>,
 }
 
-/// Where `otel_thread_ctx_v1` is defined and how it is reached.
+/// One module defining one schema's symbol.
+#[derive(Serialize, Debug)]
+pub struct ModuleInfo {
+    pub path: String,
+    /// `tlsdesc_v1_dev` (OTEP 4947 record) or `nodejs_v1_dev`.
+    pub schema: Schema,
+    pub symbol: &'static str,
+    pub access_model: &'static str,
+    /// False for a second definition of the same schema (not read).
+    pub read: bool,
+}
+
+/// Where a schema's symbol is defined and how it is reached.
 #[derive(Serialize, Debug)]
 pub struct SymbolInfo {
+    pub schema: Schema,
+    pub name: &'static str,
     pub module: String,
     pub executable: bool,
     /// Hex address: runtime minus link-time addresses of the module.
@@ -110,10 +132,36 @@ pub struct ThreadInfo {
     pub tid: i32,
     pub name: String,
     pub status: ThreadStatus,
+    /// The schema the thread's answer comes from (null when none was read).
+    pub schema: Option<Schema>,
     /// Why there is no record, or what went wrong.
     pub reason: Option<String>,
+    /// The Node.js walk's reason for "no span" (`not-published`,
+    /// `no-frame`, `store-absent`, `store-undefined`, `chain-too-long`,
+    /// `wrong-object`, `unreadable`, `record-invalid`).
+    pub no_span_reason: Option<&'static str>,
     pub tls: Option<ThreadTls>,
+    /// The Node.js walk, as far as it got.
+    pub walk: Option<WalkInfo>,
     pub record: Option<RecordInfo>,
+}
+
+/// Every address the Node.js walk followed (hex; tagged values as read).
+#[derive(Serialize, Debug)]
+pub struct WalkInfo {
+    /// This thread's `otel_thread_ctx_nodejs_v1`.
+    pub variable_address: String,
+    pub cped_slot: Option<String>,
+    pub als_handle: Option<String>,
+    pub als_identity_hash: Option<i32>,
+    pub undefined: Option<String>,
+    pub frame: Option<String>,
+    pub table: Option<String>,
+    pub bucket_count: Option<u64>,
+    /// Chain entries looked at.
+    pub hops: usize,
+    pub wrapper: Option<String>,
+    pub record: Option<String>,
 }
 
 /// The resolved TLS facts of one thread.
@@ -169,6 +217,8 @@ pub enum ThreadStatus {
     /// No record: the pointer is NULL, the thread has no TLS block, or the
     /// process publishes no thread context.
     NoRecord,
+    /// The Node.js walk found no span (`no_span_reason` says why).
+    NoSpan,
     /// The thread could not be read.
     Error,
     /// The thread exited before it was read.
@@ -182,6 +232,7 @@ impl ThreadStatus {
             ThreadStatus::Valid => "valid",
             ThreadStatus::Invalid => "invalid",
             ThreadStatus::NoRecord => "no-record",
+            ThreadStatus::NoSpan => "no-span",
             ThreadStatus::Error => "error",
             ThreadStatus::Exited => "exited",
         }
@@ -207,66 +258,93 @@ pub fn build(c: Collected) -> Report {
         _ => None,
     };
     let process_context = process_context_info(c.process_context);
-    let listed = |threads: Threads| match threads {
-        Threads::Listed(t) => t,
-        Threads::Read { .. } => unreachable!("threads are read only with a resolution"),
-    };
-    let Some(module) = &c.target.module else {
+    let modules = module_infos(&c.target);
+    if c.target.module.is_none() && c.target.nodejs.is_none() {
         conformance::no_module(&mut f, &c.target.discovery.errors);
-        let threads = listed(c.threads)
+        let Threads::Listed(listed) = c.threads else {
+            unreachable!("threads are read only with a resolution")
+        };
+        let threads = listed
             .into_iter()
             .map(|(tid, name)| ThreadInfo {
                 tid,
                 name,
                 status: ThreadStatus::NoRecord,
+                schema: None,
                 reason: Some("the process does not publish thread context".into()),
+                no_span_reason: None,
                 tls: None,
+                walk: None,
                 record: None,
             })
             .collect();
-        return finish(c.pid, f, None, process_context, threads);
-    };
-    conformance::symbol(&mut f, module);
-    conformance::access_model(&mut f, module);
-    let others: Vec<String> = c
-        .target
-        .discovery
-        .modules
-        .iter()
-        .skip(1)
-        .map(|m| m.path.clone())
-        .collect();
-    conformance::other_definitions(&mut f, module, &others);
-    let resolution = c
-        .target
-        .resolution
-        .as_ref()
-        .expect("a module implies a resolution attempt");
-    let symbol = symbol_info(module, resolution, others);
-    let resolution = match resolution {
-        Ok(r) => r,
-        Err(e) => {
-            conformance::resolution(&mut f, e);
-            return finish(c.pid, f, Some(symbol), process_context, Vec::new());
-        }
-    };
+        return finish(c.pid, f, modules, [None, None], process_context, threads);
+    }
+    let symbols = Schema::ALL.map(|schema| {
+        c.target
+            .schema(schema)
+            .map(|(module, resolution)| judge_symbol(&mut f, &c.target, module, resolution))
+    });
     let Threads::Read {
         threads,
         process_exited,
     } = c.threads
     else {
-        unreachable!("a resolution means the threads were read")
+        // No schema's variable can be located: the problems say why.
+        return finish(c.pid, f, modules, symbols, process_context, Vec::new());
     };
     let threads: Vec<ThreadInfo> = threads
         .into_iter()
-        .map(|t| thread_info(&mut f, t, resolution, key_map.as_deref()))
+        .map(|t| thread_info(&mut f, t, &c.target, key_map.as_deref()))
         .collect();
     conformance::some_thread_read(
         &mut f,
         threads.iter().any(|t| t.tls.is_some()),
         process_exited,
     );
-    finish(c.pid, f, Some(symbol), process_context, threads)
+    finish(c.pid, f, modules, symbols, process_context, threads)
+}
+
+fn module_infos(target: &Target) -> Vec<ModuleInfo> {
+    let read = |m: &DefiningModule| {
+        target
+            .schema(m.schema)
+            .is_some_and(|(r, _)| r.path == m.path)
+    };
+    target
+        .discovery
+        .modules
+        .iter()
+        .map(|m| ModuleInfo {
+            path: m.path.clone(),
+            schema: m.schema,
+            symbol: m.schema.symbol(),
+            access_model: m.model.name(),
+            read: read(m),
+        })
+        .collect()
+}
+
+/// The rules about one schema's symbol, and what the report says of it.
+fn judge_symbol(
+    f: &mut Findings,
+    target: &Target,
+    module: &DefiningModule,
+    resolution: &Result<Resolution, TlsError>,
+) -> SymbolInfo {
+    conformance::symbol(f, module);
+    conformance::access_model(f, module);
+    let others: Vec<String> = target
+        .discovery
+        .of(module.schema)
+        .skip(1)
+        .map(|m| m.path.clone())
+        .collect();
+    conformance::other_definitions(f, module, &others);
+    if let Err(e) = resolution {
+        conformance::resolution(f, module.schema, e);
+    }
+    symbol_info(module, resolution, others)
 }
 
 fn process_context_info(pc: Lookup) -> ProcessContextInfo {
@@ -312,6 +390,8 @@ fn symbol_info(
 ) -> SymbolInfo {
     let def = &module.definition;
     SymbolInfo {
+        schema: module.schema,
+        name: module.schema.symbol(),
         module: module.path.clone(),
         executable: module.is_executable,
         load_bias: hex_addr(module.bias),
@@ -349,18 +429,35 @@ fn symbol_info(
 fn thread_info(
     f: &mut Findings,
     t: ReadThread,
-    resolution: &Resolution,
+    target: &Target,
     key_map: Option<&[String]>,
 ) -> ThreadInfo {
     let ReadThread { tid, name, read } = t;
-    let tls = read.thread_pointer.map(|tp| ThreadTls {
-        path: resolution.path,
-        tls_model: resolution.plan.tls_model(),
-        thread_pointer: hex_addr(tp),
-        variable_address: read.variable.map(hex_addr),
-        tp_offset: tp_offset(&resolution.plan),
-        pointer: read.pointer.map(hex_addr),
-    });
+    // The TLS facts shown are those of the schema the answer comes from.
+    let schema = read.schema;
+    let resolution = schema
+        .and_then(|s| target.schema(s))
+        .and_then(|(_, r)| r.as_ref().ok());
+    let (variable, pointer) = match (schema, &read.nodejs) {
+        (Some(Schema::Nodejs), Some((var, _))) => (Some(*var), None),
+        _ => (read.variable, read.pointer),
+    };
+    let tls = read
+        .thread_pointer
+        .zip(resolution)
+        .map(|(tp, r)| ThreadTls {
+            path: r.path,
+            tls_model: r.plan.tls_model(),
+            thread_pointer: hex_addr(tp),
+            variable_address: variable.map(hex_addr),
+            tp_offset: tp_offset(&r.plan),
+            pointer: pointer.map(hex_addr),
+        });
+    let walk = read
+        .nodejs
+        .as_ref()
+        .map(|(var, trail)| walk_info(*var, trail));
+    let mut no_span_reason = None;
     let (status, reason, record) = match read.outcome {
         Outcome::Gone | Outcome::AddressSpaceGone => (
             ThreadStatus::Exited,
@@ -368,6 +465,11 @@ fn thread_info(
             None,
         ),
         Outcome::NoRecord(why) => (ThreadStatus::NoRecord, Some(why), None),
+        Outcome::NoSpan(n) => {
+            conformance::walk(f, tid, &n);
+            no_span_reason = Some(n.reason.as_str());
+            (ThreadStatus::NoSpan, Some(n.to_string()), None)
+        }
         Outcome::Error(e) => {
             conformance::thread_error(f, tid, &e);
             (ThreadStatus::Error, Some(e.to_string()), None)
@@ -385,9 +487,28 @@ fn thread_info(
         tid,
         name,
         status,
+        schema: read.thread_pointer.and(schema),
         reason,
+        no_span_reason,
         tls,
+        walk,
         record,
+    }
+}
+
+fn walk_info(variable: u64, t: &Trail) -> WalkInfo {
+    WalkInfo {
+        variable_address: hex_addr(variable),
+        cped_slot: t.block.map(|b| hex_addr(b.cped_slot)),
+        als_handle: t.block.map(|b| hex_addr(b.als_handle)),
+        als_identity_hash: t.block.map(|b| b.als_identity_hash),
+        undefined: t.block.map(|b| hex_addr(b.undefined_addr)),
+        frame: t.frame.map(hex_addr),
+        table: t.table.map(hex_addr),
+        bucket_count: t.bucket_count,
+        hops: t.hops,
+        wrapper: t.wrapper.map(hex_addr),
+        record: t.record.map(hex_addr),
     }
 }
 
@@ -422,11 +543,14 @@ fn record_info(f: &mut Findings, tid: i32, rec: &Record, key_map: Option<&[Strin
 fn finish(
     pid: i32,
     findings: Findings,
-    symbol: Option<SymbolInfo>,
+    modules: Vec<ModuleInfo>,
+    [symbol, nodejs_symbol]: [Option<SymbolInfo>; 2],
     process_context: ProcessContextInfo,
     threads: Vec<ThreadInfo>,
 ) -> Report {
     Report {
+        modules,
+        nodejs_symbol,
         schema: SCHEMA,
         pid,
         conformant: findings.problems.is_empty(),

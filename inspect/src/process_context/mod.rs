@@ -13,6 +13,7 @@ pub mod json;
 
 use std::time::Duration;
 
+use otel_thread_ctx_abi::node_schema::{self, V8Layout, DEFAULT_LAYOUT, LAYOUT_KEYS};
 use otel_thread_ctx_abi::process_context::{
     HEADER_SIZE, KEY_MAP_KEY, KNOWN_SCHEMAS, MAPPING_PATHS, MAX_KEYS, MAX_PAYLOAD_BYTES,
     OFFSET_PAYLOAD, OFFSET_PAYLOAD_SIZE, OFFSET_PUBLISHED_AT, OFFSET_SIGNATURE, OFFSET_VERSION,
@@ -71,6 +72,10 @@ pub struct Decoded {
     pub schema_version: Option<String>,
     /// `threadlocal.attribute_key_map`, if published as an array of strings.
     pub attribute_key_map: Option<Vec<String>>,
+    /// The Node.js schema's V8 layout: the `threadlocal.*` layout keys
+    /// published as integers, the schema's defaults for the others; `None`
+    /// when no layout key is published.
+    pub v8_layout: Option<V8Layout>,
     /// Deviations from the specification that did not prevent decoding.
     pub warnings: Vec<String>,
 }
@@ -247,7 +252,7 @@ fn interpret(
     use any_value::Value as V;
     let schema_version = match find(SCHEMA_VERSION_KEY).and_then(|v| v.value.as_ref()) {
         Some(V::StringValue(s)) => {
-            if !KNOWN_SCHEMAS.contains(&s.as_str()) {
+            if !KNOWN_SCHEMAS.contains(&s.as_str()) && s != node_schema::SCHEMA_VERSION {
                 warnings.push(format!(
                     "threadlocal.schema_version {s:?} is not a TLS record schema this reader knows"
                 ));
@@ -286,6 +291,27 @@ fn interpret(
         }
         None => None,
     };
+    let mut layout_values = [None; LAYOUT_KEYS.len()];
+    for (key, slot) in LAYOUT_KEYS.iter().zip(layout_values.iter_mut()) {
+        match find(key).and_then(|v| v.value.as_ref()) {
+            Some(V::IntValue(v)) if (0..=1 << 20).contains(v) => *slot = Some(*v as u64),
+            Some(_) => warnings.push(format!(
+                "{key} is not a small non-negative integer; the default is used"
+            )),
+            None => {}
+        }
+    }
+    let v8_layout = layout_values.iter().any(Option::is_some).then(|| {
+        let [record_offset, tagged_size, table_offset, header_size] = layout_values;
+        V8Layout {
+            js_object_record_offset: record_offset
+                .unwrap_or(DEFAULT_LAYOUT.js_object_record_offset),
+            tagged_size: tagged_size.unwrap_or(DEFAULT_LAYOUT.tagged_size),
+            js_map_table_offset: table_offset.unwrap_or(DEFAULT_LAYOUT.js_map_table_offset),
+            ordered_hash_map_header_size: header_size
+                .unwrap_or(DEFAULT_LAYOUT.ordered_hash_map_header_size),
+        }
+    });
     Decoded {
         mapping,
         address,
@@ -294,7 +320,19 @@ fn interpret(
         attributes: ctx.attributes.clone(),
         schema_version,
         attribute_key_map,
+        v8_layout,
         warnings,
+    }
+}
+
+impl Lookup {
+    /// The V8 layout a Node.js-schema walk uses: the published one, else the
+    /// schema's defaults.
+    pub fn v8_layout(&self) -> V8Layout {
+        match self {
+            Lookup::Found(d) => d.v8_layout.unwrap_or(DEFAULT_LAYOUT),
+            _ => DEFAULT_LAYOUT,
+        }
     }
 }
 
@@ -386,6 +424,38 @@ mod tests {
             Some(vec!["http.route".into(), "user".into()])
         );
         assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    }
+
+    #[test]
+    fn node_schema_layout_keys_override_the_defaults() {
+        let int = |v: i64| AnyValue {
+            value: Some(any_value::Value::IntValue(v)),
+        };
+        let ctx = ProcessContext {
+            resource: None,
+            attributes: vec![
+                kv("threadlocal.schema_version", s("nodejs_v1_dev")),
+                kv("threadlocal.js_object_record_offset", int(0x38)),
+                kv("threadlocal.tagged_size", s("eight")),
+            ],
+        };
+        let mem = FakeMemory::default();
+        let p = ctx.encode_to_vec();
+        mem.put(0x1000, &header(9, p.len(), 0x5000));
+        mem.put(0x5000, &p);
+        let found = lookup(&[mapping(0x1000)], &mem);
+        let Lookup::Found(d) = &found else { panic!() };
+        assert_eq!(
+            found.v8_layout(),
+            V8Layout {
+                js_object_record_offset: 0x38,
+                ..DEFAULT_LAYOUT
+            }
+        );
+        // The schema is known; the string tagged_size is not an integer.
+        assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
+        assert!(d.warnings[0].contains("threadlocal.tagged_size"));
+        assert_eq!(Lookup::Absent.v8_layout(), DEFAULT_LAYOUT);
     }
 
     #[test]
