@@ -5,11 +5,14 @@
 // process. Each sample carries the thread's OTEP 4947 record as read at that
 // instant, and the user and kernel stacks (frame-pointer unwinding), plus
 // the user registers and a copy of the user stack for unwinding with CFI
-// in userspace.
+// in userspace. The record is found through `otel_thread_ctx_v1` (it points
+// at the record), or through `otel_thread_ctx_nodejs_v1` (the Node.js
+// schema: a walk through V8's current AsyncContextFrame to the record), or
+// both.
 //
 // Userspace fills in the read-only globals before loading: which process,
-// and how to find a thread's `otel_thread_ctx_v1` from its thread pointer
-// (a static-TLS offset, or a DTV slot and offset).
+// how to find each schema's variable from a thread pointer (a static-TLS
+// offset, or a DTV slot and offset), and the V8 layout of the walk.
 
 #include <stdbool.h>
 #include <linux/bpf.h>
@@ -17,7 +20,8 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
 
-// The record layout (ABI_* macros), generated from the ABI crate.
+// The record layout and the Node.js walk's constants (ABI_* macros),
+// generated from the ABI crate.
 #include "otel_thread_ctx_abi.h"
 
 // The few kernel types read here, relocated against the running kernel's
@@ -48,7 +52,16 @@ enum record_status {
 	RECORD_NULL = 1,          // otel_thread_ctx_v1 is NULL
 	RECORD_NO_TLS_BLOCK = 2,  // the thread has no TLS block for the module yet
 	RECORD_UNREADABLE = 3,    // a pointer on the way could not be read
+	// The Node.js walk's reasons for "no span" (schema::nodejs::Reason).
+	NODE_NOT_PUBLISHED = 4,   // cped_slot is 0 (or no TLS block yet)
+	NODE_NO_FRAME = 5,        // the current frame is undefined
+	NODE_STORE_ABSENT = 6,    // the frame has no entry for the writer's store
+	NODE_STORE_UNDEFINED = 7, // the entry's value is undefined
+	NODE_CHAIN_TOO_LONG = 8,  // no match within ABI_NODE_MAX_CHAIN_HOPS entries
+	NODE_WRONG_OBJECT = 9,    // not the objects the schema describes
 };
+
+enum schema { SCHEMA_RECORD = 0, SCHEMA_NODEJS = 1 };
 
 enum tls_mode { TLS_STATIC = 0, TLS_DTV = 1, TLS_NONE = 2 };
 
@@ -65,6 +78,8 @@ struct sample {
 	__u32 cpu;
 	char comm[16];
 	__u8 record[ABI_RECORD_SIZE];
+	__u32 schema;             // enum schema: where record_status comes from
+	__u32 reserved;
 	__u64 user_stack[MAX_FRAMES];
 	__u64 kernel_stack[MAX_FRAMES];
 	__u64 user_stack_copy_id; // the user_stack_copy sent for this sample; 0: none
@@ -76,6 +91,15 @@ const volatile __s64 tls_tp_offset = 0;
 const volatile __u64 tls_module_id = 0;
 const volatile __u64 tls_module_offset = 0;
 const volatile __u64 tls_dtv_pointer_offset = 8;
+// The Node.js schema's variable (same modes as above) and V8 layout.
+const volatile __u32 nodejs_tls_mode = TLS_NONE;
+const volatile __s64 nodejs_tls_tp_offset = 0;
+const volatile __u64 nodejs_tls_module_id = 0;
+const volatile __u64 nodejs_tls_module_offset = 0;
+const volatile __u64 v8_js_object_record_offset = ABI_NODE_DEFAULT_JS_OBJECT_RECORD_OFFSET;
+const volatile __u64 v8_tagged_size = ABI_NODE_DEFAULT_TAGGED_SIZE;
+const volatile __u64 v8_js_map_table_offset = ABI_NODE_DEFAULT_JS_MAP_TABLE_OFFSET;
+const volatile __u64 v8_ordered_hash_map_header_size = ABI_NODE_DEFAULT_ORDERED_HASH_MAP_HEADER_SIZE;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -114,36 +138,35 @@ static __always_inline void count(__u32 which)
 		*c += 1;
 }
 
-// Follows the thread pointer to the record and copies it: the fixed
-// header, then attrs_data only when the record is valid.
-static __always_inline __u32 read_record(struct task_struct *task, __u8 *dst)
+// Finds a TLS variable from the thread pointer: at a static offset, or in
+// the thread's DTV block of the module. Shared by both schemas' variables.
+static __always_inline __u32 tls_variable(__u64 tp, __u32 mode, __s64 tp_offset, __u64 module_id,
+					  __u64 module_offset, __u64 *variable)
 {
-	if (tls_mode == TLS_NONE)
-		return RECORD_NULL;
-	__u64 tp = BPF_CORE_READ(task, thread.fsbase);
-	__u64 variable;
-	if (tls_mode == TLS_STATIC) {
-		variable = tp + tls_tp_offset;
-	} else {
-		__u64 dtv = 0, slots = 0, block = 0;
-		if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + tls_dtv_pointer_offset)) || !dtv)
-			return RECORD_UNREADABLE;
-		// dtv[-1] holds the slot count; entries are { pointer, to_free }.
-		if (bpf_probe_read_user(&slots, sizeof(slots), (void *)(dtv - 16)))
-			return RECORD_UNREADABLE;
-		if (tls_module_id > slots)
-			return RECORD_NO_TLS_BLOCK;
-		if (bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + tls_module_id * 16)))
-			return RECORD_UNREADABLE;
-		if (block == 0 || block == (__u64)-1)
-			return RECORD_NO_TLS_BLOCK;
-		variable = block + tls_module_offset;
+	if (mode == TLS_STATIC) {
+		*variable = tp + tp_offset;
+		return RECORD_READ;
 	}
-	__u64 record = 0;
-	if (bpf_probe_read_user(&record, sizeof(record), (void *)variable))
+	__u64 dtv = 0, slots = 0, block = 0;
+	if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + tls_dtv_pointer_offset)) || !dtv)
 		return RECORD_UNREADABLE;
-	if (!record)
-		return RECORD_NULL;
+	// dtv[-1] holds the slot count; entries are { pointer, to_free }.
+	if (bpf_probe_read_user(&slots, sizeof(slots), (void *)(dtv - 16)))
+		return RECORD_UNREADABLE;
+	if (module_id > slots)
+		return RECORD_NO_TLS_BLOCK;
+	if (bpf_probe_read_user(&block, sizeof(block), (void *)(dtv + module_id * 16)))
+		return RECORD_UNREADABLE;
+	if (block == 0 || block == (__u64)-1)
+		return RECORD_NO_TLS_BLOCK;
+	*variable = block + module_offset;
+	return RECORD_READ;
+}
+
+// Copies the record at `record`: the fixed header, then attrs_data only
+// when the record is valid.
+static __always_inline __u32 copy_record(__u64 record, __u8 *dst)
+{
 	if (bpf_probe_read_user(dst, ABI_RECORD_HEADER_SIZE, (void *)record))
 		return RECORD_UNREADABLE;
 	if (dst[ABI_OFFSET_VALID] != ABI_VALID)
@@ -157,6 +180,138 @@ static __always_inline __u32 read_record(struct task_struct *task, __u8 *dst)
 	return RECORD_READ;
 }
 
+// Follows the thread pointer to the record and copies it.
+static __always_inline __u32 read_record(struct task_struct *task, __u8 *dst)
+{
+	if (tls_mode == TLS_NONE)
+		return RECORD_NULL;
+	__u64 tp = BPF_CORE_READ(task, thread.fsbase);
+	__u64 variable = 0;
+	__u32 status = tls_variable(tp, tls_mode, tls_tp_offset, tls_module_id, tls_module_offset,
+				    &variable);
+	if (status != RECORD_READ)
+		return status;
+	__u64 record = 0;
+	if (bpf_probe_read_user(&record, sizeof(record), (void *)variable))
+		return RECORD_UNREADABLE;
+	if (!record)
+		return RECORD_NULL;
+	return copy_record(record, dst);
+}
+
+// A tagged word: heap pointers have the tag bit, Smis hold value << 32.
+static __always_inline bool is_heap_object(__u64 word)
+{
+	return word & ABI_NODE_HEAP_OBJECT_TAG;
+}
+
+static __always_inline __s64 smi_value(__u64 word)
+{
+	return (__s64)word >> ABI_NODE_SMI_SHIFT;
+}
+
+static __always_inline int read_word(__u64 *dst, __u64 addr)
+{
+	return bpf_probe_read_user(dst, sizeof(*dst), (void *)addr);
+}
+
+// The Node.js schema (abi/src/node_schema.rs): from the thread's block
+// through the current AsyncContextFrame's OrderedHashMap to the entry of the
+// writer's AsyncLocalStorage, whose value's internal field holds the record
+// address; then the record, as above. Every count is bounded and the chain
+// is followed at most ABI_NODE_MAX_CHAIN_HOPS times, so the verifier sees a
+// bounded loop and a wrong or moved object ends as a reason, never a guess.
+static __always_inline __u32 read_nodejs_record(struct task_struct *task, __u8 *dst)
+{
+	__u64 tp = BPF_CORE_READ(task, thread.fsbase);
+	__u64 variable = 0;
+	__u32 status = tls_variable(tp, nodejs_tls_mode, nodejs_tls_tp_offset, nodejs_tls_module_id,
+				    nodejs_tls_module_offset, &variable);
+	if (status == RECORD_NO_TLS_BLOCK)
+		return NODE_NOT_PUBLISHED;
+	if (status != RECORD_READ)
+		return status;
+	__u64 block[ABI_NODE_SIZE / 8];
+	if (bpf_probe_read_user(block, sizeof(block), (void *)variable))
+		return RECORD_UNREADABLE;
+	__u64 cped_slot = block[ABI_NODE_OFFSET_CPED_SLOT / 8];
+	__u64 als_handle = block[ABI_NODE_OFFSET_ALS_HANDLE / 8];
+	__u32 hash = (__u32)block[ABI_NODE_OFFSET_ALS_IDENTITY_HASH / 8];
+	__u64 undefined = block[ABI_NODE_OFFSET_UNDEFINED_ADDR / 8];
+	if (!cped_slot)
+		return NODE_NOT_PUBLISHED;
+	if (v8_tagged_size != 8)
+		return NODE_WRONG_OBJECT;
+	__u64 frame = 0, table = 0, als = 0, head = 0;
+	if (read_word(&frame, cped_slot))
+		return RECORD_UNREADABLE;
+	if (frame == undefined || !is_heap_object(frame))
+		return NODE_NO_FRAME;
+	if (read_word(&table, frame - 1 + v8_js_map_table_offset))
+		return RECORD_UNREADABLE;
+	if (!is_heap_object(table))
+		return NODE_WRONG_OBJECT;
+	__u64 base = table - 1 + v8_ordered_hash_map_header_size;
+	__u64 counts[ABI_NODE_TABLE_PREFIX_WORDS];
+	if (bpf_probe_read_user(counts, sizeof(counts), (void *)base))
+		return RECORD_UNREADABLE;
+	if (is_heap_object(counts[0]) || is_heap_object(counts[1]) || is_heap_object(counts[2]))
+		return NODE_WRONG_OBJECT;
+	__s64 elements = smi_value(counts[0]);
+	__s64 deleted = smi_value(counts[1]);
+	__s64 buckets = smi_value(counts[2]);
+	if (buckets <= 0 || buckets > ABI_NODE_MAX_BUCKETS || (buckets & (buckets - 1)))
+		return NODE_WRONG_OBJECT;
+	// V8 keeps at most two entries per bucket.
+	if (elements < 0 || deleted < 0 || elements + deleted > 2 * buckets)
+		return NODE_WRONG_OBJECT;
+	__s64 used = elements + deleted;
+	if (read_word(&als, als_handle))
+		return RECORD_UNREADABLE;
+	__u64 bucket = hash & (__u64)(buckets - 1);
+	if (read_word(&head, base + (ABI_NODE_TABLE_PREFIX_WORDS + bucket) * 8))
+		return RECORD_UNREADABLE;
+	if (is_heap_object(head))
+		return NODE_WRONG_OBJECT;
+	__s64 index = smi_value(head);
+	__u64 entries = base + (ABI_NODE_TABLE_PREFIX_WORDS + (__u64)buckets) * 8;
+	__u64 value = 0;
+	bool found = false;
+	for (int hop = 0; hop < ABI_NODE_MAX_CHAIN_HOPS; hop++) {
+		if (index == ABI_NODE_NOT_FOUND)
+			return NODE_STORE_ABSENT;
+		if (index < 0 || index >= used)
+			return NODE_WRONG_OBJECT;
+		__u64 entry[ABI_NODE_ENTRY_WORDS];
+		if (bpf_probe_read_user(entry, sizeof(entry),
+					(void *)(entries + (__u64)index * ABI_NODE_ENTRY_WORDS * 8)))
+			return RECORD_UNREADABLE;
+		if (entry[0] == als) {
+			value = entry[1];
+			found = true;
+			break;
+		}
+		if (is_heap_object(entry[2]))
+			return NODE_WRONG_OBJECT;
+		index = smi_value(entry[2]);
+	}
+	if (!found)
+		return index == ABI_NODE_NOT_FOUND ? NODE_STORE_ABSENT : NODE_CHAIN_TOO_LONG;
+	if (value == undefined)
+		return NODE_STORE_UNDEFINED;
+	if (!is_heap_object(value))
+		return NODE_WRONG_OBJECT;
+	__u64 record = 0;
+	if (read_word(&record, value - 1 + v8_js_object_record_offset))
+		return RECORD_UNREADABLE;
+	// A wrapper without a record, or a misaligned one: an invalid record.
+	if (!record || (record & 1)) {
+		dst[ABI_OFFSET_VALID] = 0;
+		return RECORD_READ;
+	}
+	return copy_record(record, dst);
+}
+
 static __always_inline void fill(void *ctx, struct sample *s, struct task_struct *task, __u32 kind)
 {
 	s->kind = kind;
@@ -166,7 +321,18 @@ static __always_inline void fill(void *ctx, struct sample *s, struct task_struct
 	s->cpu = bpf_get_smp_processor_id();
 	BPF_CORE_READ_STR_INTO(&s->comm, task, comm);
 	s->record[ABI_OFFSET_VALID] = 0;
+	s->schema = SCHEMA_RECORD;
 	s->record_status = read_record(task, s->record);
+	// As the reader does: a span from either schema (the record's first),
+	// else the Node.js walk's reason when its block is published.
+	bool record_span = s->record_status == RECORD_READ && s->record[ABI_OFFSET_VALID] == ABI_VALID;
+	if (nodejs_tls_mode != TLS_NONE && !record_span) {
+		__u32 status = read_nodejs_record(task, s->record);
+		if (status != NODE_NOT_PUBLISHED || tls_mode == TLS_NONE) {
+			s->schema = SCHEMA_NODEJS;
+			s->record_status = status;
+		}
+	}
 	s->user_stack_bytes = bpf_get_stack(ctx, s->user_stack, sizeof(s->user_stack), BPF_F_USER_STACK);
 	s->kernel_stack_bytes = bpf_get_stack(ctx, s->kernel_stack, sizeof(s->kernel_stack), 0);
 }

@@ -43,7 +43,9 @@ pub fn line(s: &Sample, key_map: &[String], names: &Names) -> String {
         RecordRead::Null => "null",
         RecordRead::NoTlsBlock => "no-tls-block",
         RecordRead::Unreadable => "unreadable",
+        RecordRead::NoSpan(reason) => reason.as_str(),
     };
+    o.insert("schema".into(), json!(s.schema));
     o.insert("record".into(), json!(status));
     let valid = s.record.valid();
     o.insert("valid".into(), json!(valid.is_some()));

@@ -5,7 +5,11 @@
 
 use std::collections::HashMap;
 
+use otel_thread_ctx_abi::node_schema::V8Layout;
+
 use crate::record::{self, Header, HEADER_SIZE, RECORD_SIZE};
+use crate::schema::nodejs::Reason;
+use crate::schema::Schema;
 use crate::tls::Plan;
 
 /// Frames per stack the program copies (its `MAX_FRAMES`).
@@ -22,7 +26,8 @@ mod layout {
     pub const KERNEL_STACK_BYTES: usize = 32;
     pub const COMM: usize = 40;
     pub const RECORD: usize = 56;
-    pub const USER_STACK: usize = RECORD + super::RECORD_SIZE;
+    pub const SCHEMA: usize = RECORD + super::RECORD_SIZE;
+    pub const USER_STACK: usize = SCHEMA + 8;
     pub const KERNEL_STACK: usize = USER_STACK + 8 * super::MAX_FRAMES;
     pub const USER_STACK_COPY_ID: usize = KERNEL_STACK + 8 * super::MAX_FRAMES;
     pub const SIZE: usize = USER_STACK_COPY_ID + 8;
@@ -61,6 +66,8 @@ pub enum RecordRead {
     NoTlsBlock,
     /// A pointer on the way could not be read.
     Unreadable,
+    /// The Node.js walk ended without a span, for this reason.
+    NoSpan(Reason),
 }
 
 impl RecordRead {
@@ -93,6 +100,8 @@ pub struct Sample {
     pub time_ns: u64,
     /// Off-CPU samples: nanoseconds until the thread ran again.
     pub off_cpu_ns: u64,
+    /// The schema `record` comes from.
+    pub schema: Schema,
     pub record: RecordRead,
     /// The user stack, leaf first: the instruction pointer, then return
     /// addresses. As decoded: the kernel's frame-pointer walk.
@@ -225,7 +234,13 @@ pub fn decode(b: &[u8]) -> Option<Sample> {
         }
         1 => RecordRead::Null,
         2 => RecordRead::NoTlsBlock,
-        _ => RecordRead::Unreadable,
+        status => {
+            Reason::from_bpf_status(status).map_or(RecordRead::Unreadable, RecordRead::NoSpan)
+        }
+    };
+    let schema = match u32_at(b, layout::SCHEMA) {
+        1 => Schema::Nodejs,
+        _ => Schema::Record,
     };
     Some(Sample {
         kind,
@@ -233,6 +248,7 @@ pub fn decode(b: &[u8]) -> Option<Sample> {
         comm: String::from_utf8_lossy(&comm[..comm_len]).into_owned(),
         time_ns: u64_at(b, layout::TIME_NS),
         off_cpu_ns: u64_at(b, layout::OFF_CPU_NS),
+        schema,
         record,
         user_stack: stack(
             b,
@@ -248,8 +264,9 @@ pub fn decode(b: &[u8]) -> Option<Sample> {
     })
 }
 
-/// The program's read-only globals for a target: its pid and how a thread
-/// pointer leads to `otel_thread_ctx_v1`.
+/// The program's read-only globals for a target: its pid, how a thread
+/// pointer leads to `otel_thread_ctx_v1` and to `otel_thread_ctx_nodejs_v1`,
+/// and the V8 layout of the Node.js walk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Globals {
     pub tgid: u32,
@@ -258,6 +275,20 @@ pub struct Globals {
     pub module_id: u64,
     pub module_offset: u64,
     pub dtv_pointer_offset: u64,
+    pub nodejs_tls_mode: u32,
+    pub nodejs_tp_offset: i64,
+    pub nodejs_module_id: u64,
+    pub nodejs_module_offset: u64,
+    pub layout: V8Layout,
+}
+
+/// `(tls_mode, tp_offset, module_id, module_offset)` of a plan.
+fn tls_globals(plan: Option<&Plan>) -> (u32, i64, u64, u64) {
+    match plan {
+        Some(&Plan::Static { tp_offset }) => (0, tp_offset, 0, 0),
+        Some(&Plan::Dtv { module_id, offset }) => (1, 0, module_id, offset),
+        None => (TLS_NONE, 0, 0, 0),
+    }
 }
 
 /// `tls_mode` for a process whose thread context cannot be resolved: every
@@ -265,28 +296,29 @@ pub struct Globals {
 const TLS_NONE: u32 = 2;
 
 impl Globals {
-    pub fn new(tgid: u32, plan: Option<&Plan>, dtv_pointer_offset: u64) -> Globals {
-        let mut g = Globals {
+    pub fn new(
+        tgid: u32,
+        plan: Option<&Plan>,
+        nodejs_plan: Option<&Plan>,
+        layout: V8Layout,
+        dtv_pointer_offset: u64,
+    ) -> Globals {
+        let (tls_mode, tp_offset, module_id, module_offset) = tls_globals(plan);
+        let (nodejs_tls_mode, nodejs_tp_offset, nodejs_module_id, nodejs_module_offset) =
+            tls_globals(nodejs_plan);
+        Globals {
             tgid,
-            tls_mode: TLS_NONE,
-            tp_offset: 0,
-            module_id: 0,
-            module_offset: 0,
+            tls_mode,
+            tp_offset,
+            module_id,
+            module_offset,
             dtv_pointer_offset,
-        };
-        match plan {
-            Some(&Plan::Static { tp_offset }) => {
-                g.tls_mode = 0;
-                g.tp_offset = tp_offset;
-            }
-            Some(&Plan::Dtv { module_id, offset }) => {
-                g.tls_mode = 1;
-                g.module_id = module_id;
-                g.module_offset = offset;
-            }
-            None => {}
+            nodejs_tls_mode,
+            nodejs_tp_offset,
+            nodejs_module_id,
+            nodejs_module_offset,
+            layout,
         }
-        g
     }
 }
 
@@ -369,7 +401,31 @@ mod loaded {
                 .override_global("tls_tp_offset", &globals.tp_offset, true)
                 .override_global("tls_module_id", &globals.module_id, true)
                 .override_global("tls_module_offset", &globals.module_offset, true)
-                .override_global("tls_dtv_pointer_offset", &globals.dtv_pointer_offset, true);
+                .override_global("tls_dtv_pointer_offset", &globals.dtv_pointer_offset, true)
+                .override_global("nodejs_tls_mode", &globals.nodejs_tls_mode, true)
+                .override_global("nodejs_tls_tp_offset", &globals.nodejs_tp_offset, true)
+                .override_global("nodejs_tls_module_id", &globals.nodejs_module_id, true)
+                .override_global(
+                    "nodejs_tls_module_offset",
+                    &globals.nodejs_module_offset,
+                    true,
+                )
+                .override_global(
+                    "v8_js_object_record_offset",
+                    &globals.layout.js_object_record_offset,
+                    true,
+                )
+                .override_global("v8_tagged_size", &globals.layout.tagged_size, true)
+                .override_global(
+                    "v8_js_map_table_offset",
+                    &globals.layout.js_map_table_offset,
+                    true,
+                )
+                .override_global(
+                    "v8_ordered_hash_map_header_size",
+                    &globals.layout.ordered_hash_map_header_size,
+                    true,
+                );
             let mut ebpf = loader
                 .load(OBJECT)
                 .map_err(|e| explain("loading the BPF object", &e))?;
@@ -510,9 +566,9 @@ mod tests {
 
     #[test]
     fn layout_matches_the_c_struct() {
-        // struct sample: 56 bytes of fields, the 640-byte record, two
-        // stacks, the copy's id.
-        assert_eq!(SAMPLE_SIZE, 56 + 640 + 2 * 8 * 127 + 8);
+        // struct sample: 56 bytes of fields, the 640-byte record, the
+        // schema and a reserved word, two stacks, the copy's id.
+        assert_eq!(SAMPLE_SIZE, 56 + 640 + 8 + 2 * 8 * 127 + 8);
         assert_eq!(SAMPLE_SIZE % 8, 0);
     }
 
@@ -555,6 +611,14 @@ mod tests {
             decode(&sample_bytes(0, 3, &[], &[], &[])).unwrap().record,
             RecordRead::Unreadable
         );
+        let walk = decode(&sample_bytes(0, 8, &[], &[], &[])).unwrap();
+        assert_eq!(walk.record, RecordRead::NoSpan(Reason::ChainTooLong));
+        assert_eq!(walk.schema, Schema::Record);
+        let mut b = sample_bytes(0, 9, &[], &[], &[]);
+        b[layout::SCHEMA..][..4].copy_from_slice(&1u32.to_ne_bytes());
+        let walk = decode(&b).unwrap();
+        assert_eq!(walk.record, RecordRead::NoSpan(Reason::WrongObject));
+        assert_eq!(walk.schema, Schema::Nodejs);
         assert!(decode(&sample_bytes(9, 0, &[], &[], &[])).is_none());
         assert!(decode(&[0u8; 16]).is_none());
     }
@@ -621,17 +685,38 @@ mod tests {
 
     #[test]
     fn globals_follow_the_resolution_plan() {
-        let g = Globals::new(9, Some(&Plan::Static { tp_offset: -440 }), 8);
-        assert_eq!((g.tls_mode, g.tp_offset), (0, -440));
+        use otel_thread_ctx_abi::node_schema::DEFAULT_LAYOUT;
+        let dtv = Plan::Dtv {
+            module_id: 3,
+            offset: 0x18,
+        };
         let g = Globals::new(
             9,
-            Some(&Plan::Dtv {
-                module_id: 3,
-                offset: 0x18,
-            }),
+            Some(&Plan::Static { tp_offset: -440 }),
+            None,
+            DEFAULT_LAYOUT,
             8,
         );
+        assert_eq!((g.tls_mode, g.tp_offset), (0, -440));
+        assert_eq!(g.nodejs_tls_mode, TLS_NONE);
+        let g = Globals::new(9, Some(&dtv), Some(&dtv), DEFAULT_LAYOUT, 8);
         assert_eq!((g.tls_mode, g.module_id, g.module_offset), (1, 3, 0x18));
-        assert_eq!(Globals::new(9, None, 8).tls_mode, TLS_NONE);
+        assert_eq!(
+            (
+                g.nodejs_tls_mode,
+                g.nodejs_module_id,
+                g.nodejs_module_offset
+            ),
+            (1, 3, 0x18)
+        );
+        let g = Globals::new(
+            9,
+            None,
+            Some(&Plan::Static { tp_offset: -632 }),
+            DEFAULT_LAYOUT,
+            8,
+        );
+        assert_eq!(g.tls_mode, TLS_NONE);
+        assert_eq!((g.nodejs_tls_mode, g.nodejs_tp_offset), (0, -632));
     }
 }

@@ -30,6 +30,7 @@ use otel_thread_ctx_otlp::{AnyValue, KeyValue, Resource};
 
 use crate::error::Fatal;
 use crate::process_context::{self, Lookup};
+use crate::schema::Schema;
 use crate::target::Target;
 use crate::thread;
 
@@ -157,32 +158,38 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
     }
     let target = Target::open(opts.pid)?;
     let mut lines = Vec::new();
-    let plan = match &target.resolution {
-        Some(Ok(r)) => {
-            lines.push(format!(
-                "thread context: {} ({})",
-                r.path,
-                target.module.as_ref().map_or("", |m| m.path.as_str())
-            ));
-            Some(r.plan)
+    let mut plans = [None, None];
+    for (schema, plan) in Schema::ALL.into_iter().zip(plans.iter_mut()) {
+        match target.schema(schema) {
+            Some((module, Ok(r))) => {
+                lines.push(format!(
+                    "thread context: {} {} ({})",
+                    schema.symbol(),
+                    r.path,
+                    module.path
+                ));
+                *plan = Some(r.plan);
+            }
+            Some((_, Err(e))) => lines.push(format!(
+                "thread context: {} unreadable ({e})",
+                schema.symbol()
+            )),
+            None => {}
         }
-        Some(Err(e)) => {
-            lines.push(format!(
-                "thread context: unreadable ({e}); samples carry no span"
-            ));
-            None
-        }
-        None => {
-            lines.push(
-                "thread context: no module defines otel_thread_ctx_v1; samples carry no span"
-                    .into(),
-            );
-            None
-        }
-    };
+    }
+    if plans.iter().all(Option::is_none) {
+        lines.push(if target.module.is_none() && target.nodejs.is_none() {
+            "thread context: no module defines otel_thread_ctx_v1 or otel_thread_ctx_nodejs_v1; samples carry no span".into()
+        } else {
+            "thread context: unreadable; samples carry no span".into()
+        });
+    }
+    let layout = crate::process_context::lookup(&target.maps, &target.memory).v8_layout();
     let globals = kernel::Globals::new(
         opts.pid as u32,
-        plan.as_ref(),
+        plans[0].as_ref(),
+        plans[1].as_ref(),
+        layout,
         crate::tls::HOST.dtv_pointer_offset,
     );
     sample(opts, target, globals, lines)

@@ -271,6 +271,7 @@ pub mod tests {
             comm: format!("t{tid}"),
             time_ns: 1_000,
             off_cpu_ns,
+            schema: crate::schema::Schema::Record,
             record,
             user_stack: user.to_vec(),
             kernel_stack: if kind == Kind::OffCpu {

@@ -47,18 +47,6 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Every reason, in walk order.
-    pub const ALL: [Reason; 8] = [
-        Reason::NotPublished,
-        Reason::NoFrame,
-        Reason::StoreAbsent,
-        Reason::StoreUndefined,
-        Reason::ChainTooLong,
-        Reason::WrongObject,
-        Reason::Unreadable,
-        Reason::RecordInvalid,
-    ];
-
     /// The stable name reports use.
     pub fn as_str(self) -> &'static str {
         match self {
