@@ -1,0 +1,307 @@
+//! End-to-end tests of the Node.js schema `nodejs_v1_dev` against a C host
+//! that builds the V8 objects the reader walks, one thread per role: a good
+//! walk, and hostile ones (a corrupted cped_slot, a cycle in the chain, a
+//! wrapper without its field, a bucket count that is not a power of two, a
+//! frame without the store, ...). `inspect` and `sample` must report the
+//! good thread's span exactly and every other thread as "no span" with the
+//! right reason; a second build also publishes an OTEP 4947 record on one
+//! more thread, so both schemas are read in one process.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::Value;
+
+const READER: &str = env!("CARGO_BIN_EXE_otel-thread-ctx");
+
+/// Builds the two hosts once per test run; returns their directory.
+fn fixtures() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v8heap.c");
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("v8heap-fixtures");
+        std::fs::create_dir_all(&out).unwrap();
+        for (name, defines) in [("v8heap", &[][..]), ("v8heap_both", &["-DWITH_RECORD"][..])] {
+            let st = Command::new("gcc")
+                .args(["-O1", "-g", "-Wall", "-Werror", "-rdynamic"])
+                .args(defines)
+                .arg("-o")
+                .arg(out.join(name))
+                .arg(&src)
+                .arg("-lpthread")
+                .status()
+                .expect("gcc runs");
+            assert!(st.success(), "gcc {name} failed");
+        }
+        out
+    })
+}
+
+/// What a thread must read as.
+#[derive(Debug, Clone, PartialEq)]
+enum Expect {
+    Span { trace: String, span: String },
+    NoSpan(String),
+}
+
+struct Host {
+    child: Child,
+    pid: i32,
+    /// tid -> (role, expectation)
+    expect: HashMap<i32, (String, Expect)>,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(program: &str) -> Host {
+    let mut child = Command::new(fixtures().join(program))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("host starts");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut host = Host {
+        pid: child.id() as i32,
+        child,
+        expect: HashMap::new(),
+    };
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("host prints ready");
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["ready", _] => break,
+            ["expect", tid, role, "valid", trace, span] => {
+                host.expect.insert(
+                    tid.parse().unwrap(),
+                    (
+                        role.to_string(),
+                        Expect::Span {
+                            trace: trace.to_string(),
+                            span: span.to_string(),
+                        },
+                    ),
+                );
+            }
+            ["expect", tid, role, reason] => {
+                host.expect.insert(
+                    tid.parse().unwrap(),
+                    (role.to_string(), Expect::NoSpan(reason.to_string())),
+                );
+            }
+            _ => panic!("unexpected host output {line:?}"),
+        }
+    }
+    host
+}
+
+fn reader(args: &[&str]) -> std::process::Output {
+    Command::new(READER)
+        .args(args)
+        .output()
+        .expect("reader runs")
+}
+
+fn inspect(pid: i32) -> Value {
+    let out = reader(&["inspect", "--pid", &pid.to_string(), "--json"]);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bad JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn thread<'a>(report: &'a Value, tid: i32) -> &'a Value {
+    report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == tid)
+        .unwrap_or_else(|| panic!("thread {tid} missing: {report:#}"))
+}
+
+fn check_inspect(host: &Host, with_record: bool) {
+    let report = inspect(host.pid);
+    let modules = report["modules"].as_array().unwrap();
+    let schemas: Vec<&str> = modules
+        .iter()
+        .map(|m| m["schema"].as_str().unwrap())
+        .collect();
+    let expected: &[&str] = if with_record {
+        &["tlsdesc_v1_dev", "nodejs_v1_dev"]
+    } else {
+        &["nodejs_v1_dev"]
+    };
+    assert_eq!(schemas, expected, "{report:#}");
+    assert_eq!(report["nodejs_symbol"]["st_size"], 32);
+    assert_eq!(report["symbol"].is_null(), !with_record);
+    for (tid, (role, expect)) in &host.expect {
+        let t = thread(&report, *tid);
+        match expect {
+            Expect::Span { trace, span } => {
+                assert_eq!(t["status"], "valid", "{role}: {t:#}");
+                assert_eq!(t["record"]["trace_id"], *trace, "{role}");
+                assert_eq!(t["record"]["span_id"], *span, "{role}");
+                assert_eq!(t["record"]["attributes"][0]["value"], *role);
+                let schema = if role == "record-schema" {
+                    "tlsdesc_v1_dev"
+                } else {
+                    "nodejs_v1_dev"
+                };
+                assert_eq!(t["schema"], schema, "{role}: {t:#}");
+            }
+            // Where the process also publishes the record schema, a thread
+            // that publishes neither reads as the record schema's NULL.
+            Expect::NoSpan(reason) if reason == "not-published" && with_record => {
+                assert_eq!(t["status"], "no-record", "{role}: {t:#}");
+                assert_eq!(t["schema"], "tlsdesc_v1_dev");
+            }
+            Expect::NoSpan(reason) => {
+                assert_eq!(t["status"], "no-span", "{role}: {t:#}");
+                assert_eq!(t["no_span_reason"], *reason, "{role}: {t:#}");
+                assert_eq!(t["schema"], "nodejs_v1_dev");
+                assert!(t["record"].is_null(), "{role}: {t:#}");
+            }
+        }
+    }
+    // The main thread never touched its block.
+    let main = thread(&report, host.pid);
+    assert!(
+        main["no_span_reason"] == "not-published" || main["status"] == "no-record",
+        "{main:#}"
+    );
+    let walk = &thread(&report, role_tid(host, "good"))["walk"];
+    assert_eq!(walk["bucket_count"], 2);
+    assert_eq!(walk["hops"], 2, "the writer's entry is second in its chain");
+    assert_eq!(thread(&report, role_tid(host, "cycle"))["walk"]["hops"], 8);
+    // Anomalies are warnings, not problems: the process publishes context.
+    assert_eq!(report["conformant"], true, "{report:#}");
+    let warnings = report["warnings"].to_string();
+    for role in ["cycle", "no-field", "corrupt-cped", "buckets-not-pow2"] {
+        let tid = role_tid(host, role);
+        assert!(
+            warnings.contains(&format!("thread {tid}:")),
+            "{role}: {warnings}"
+        );
+    }
+}
+
+fn role_tid(host: &Host, role: &str) -> i32 {
+    *host
+        .expect
+        .iter()
+        .find(|(_, (r, _))| r == role)
+        .unwrap_or_else(|| panic!("no {role} thread"))
+        .0
+}
+
+fn check_sample(host: &Host, with_record: bool) {
+    let out = reader(&[
+        "sample",
+        "--pid",
+        &host.pid.to_string(),
+        "--hz",
+        "20",
+        "--duration",
+        "0.5",
+        "--raw",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines: HashMap<i32, Vec<Value>> = HashMap::new();
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        lines
+            .entry(v["tid"].as_i64().unwrap() as i32)
+            .or_default()
+            .push(v);
+    }
+    for (tid, (role, expect)) in &host.expect {
+        let reads = &lines[tid];
+        assert!(!reads.is_empty(), "{role}");
+        for r in reads {
+            assert!(r.get("error").is_none(), "{role}: {r}");
+            match expect {
+                Expect::Span { trace, span } => {
+                    assert_eq!(r["valid"], true, "{role}: {r}");
+                    assert_eq!(r["trace_id"], *trace);
+                    assert_eq!(r["span_id"], *span);
+                    assert_eq!(r["attributes"]["#0"], *role);
+                }
+                Expect::NoSpan(reason) if reason == "not-published" && with_record => {
+                    assert_eq!(r["valid"], false, "{role}: {r}");
+                    assert_eq!(r["schema"], "tlsdesc_v1_dev");
+                }
+                Expect::NoSpan(reason) => {
+                    assert_eq!(r["valid"], false, "{role}: {r}");
+                    assert_eq!(r["no_span_reason"], *reason, "{role}: {r}");
+                    assert_eq!(r["schema"], "nodejs_v1_dev");
+                }
+            }
+        }
+    }
+    // The summary counts the reasons per thread.
+    let out = reader(&[
+        "sample",
+        "--pid",
+        &host.pid.to_string(),
+        "--hz",
+        "20",
+        "--duration",
+        "0.3",
+        "--json",
+    ]);
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cycle = summary["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == role_tid(host, "cycle"))
+        .unwrap();
+    assert_eq!(
+        cycle["no_span"]["chain-too-long"], cycle["samples"],
+        "{cycle:#}"
+    );
+    assert_eq!(cycle["idle"], cycle["samples"]);
+    assert_eq!(summary["nodejs_resolution_path"], "local-exec-static");
+}
+
+#[test]
+fn hostile_v8_objects_end_as_no_span_with_a_reason() {
+    let host = spawn("v8heap");
+    assert_eq!(host.expect.len(), 10);
+    check_inspect(&host, false);
+    check_sample(&host, false);
+}
+
+#[test]
+fn both_schemas_in_one_process() {
+    let host = spawn("v8heap_both");
+    assert_eq!(host.expect.len(), 11);
+    check_inspect(&host, true);
+    check_sample(&host, true);
+}
