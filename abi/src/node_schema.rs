@@ -96,7 +96,9 @@ pub struct V8Layout {
 /// The layout when the process context names none: x86-64 Node 24 and 26
 /// without pointer compression, a wrapper whose internal field 0 holds the
 /// record address (map, properties, elements, cpp_heap_wrappable, then the
-/// embedder fields).
+/// embedder fields). Node 22's V8 has no cpp_heap_wrappable word, so field
+/// 0 sits at 0x18 there: a writer on Node 22 publishes
+/// [`JS_OBJECT_RECORD_OFFSET_KEY`], else readers find no record.
 pub const DEFAULT_LAYOUT: V8Layout = V8Layout {
     js_object_record_offset: 0x20,
     tagged_size: 8,
