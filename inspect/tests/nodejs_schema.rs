@@ -132,7 +132,7 @@ fn inspect(pid: i32) -> Value {
     })
 }
 
-fn thread<'a>(report: &'a Value, tid: i32) -> &'a Value {
+fn thread(report: &Value, tid: i32) -> &Value {
     report["threads"]
         .as_array()
         .unwrap()
