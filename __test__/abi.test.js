@@ -175,7 +175,21 @@ test("the eBPF program's generated header has the exported layout", (t) => {
     [...fs.readFileSync(file, 'utf8').matchAll(/^#define (ABI_\w+) (\d+)$/gm)].map(([, k, v]) => [k, Number(v)]),
   );
   const { record } = abi;
-  assert.deepStrictEqual(defines, {
+  const recordDefines = Object.fromEntries(Object.entries(defines).filter(([k]) => !k.startsWith('ABI_NODE_')));
+  const nodeDefines = Object.fromEntries(Object.entries(defines).filter(([k]) => k.startsWith('ABI_NODE_')));
+  // The Node.js schema nodejs_v1_dev as its design publishes it: the 32-byte
+  // block {cped_slot, als_handle, als_identity_hash, undefined_addr} and
+  // the x86-64 defaults of the V8 walk.
+  assert.deepStrictEqual(
+    {
+      size: nodeDefines.ABI_NODE_SIZE,
+      block: [nodeDefines.ABI_NODE_OFFSET_CPED_SLOT, nodeDefines.ABI_NODE_OFFSET_ALS_HANDLE, nodeDefines.ABI_NODE_OFFSET_ALS_IDENTITY_HASH, nodeDefines.ABI_NODE_OFFSET_UNDEFINED_ADDR],
+      layout: [nodeDefines.ABI_NODE_DEFAULT_JS_OBJECT_RECORD_OFFSET, nodeDefines.ABI_NODE_DEFAULT_TAGGED_SIZE, nodeDefines.ABI_NODE_DEFAULT_JS_MAP_TABLE_OFFSET, nodeDefines.ABI_NODE_DEFAULT_ORDERED_HASH_MAP_HEADER_SIZE],
+      entry: [nodeDefines.ABI_NODE_TABLE_PREFIX_WORDS, nodeDefines.ABI_NODE_ENTRY_WORDS],
+    },
+    { size: 32, block: [0, 8, 16, 24], layout: [0x20, 8, 0x18, 0x10], entry: [3, 3] },
+  );
+  assert.deepStrictEqual(recordDefines, {
     ABI_RECORD_SIZE: record.size,
     ABI_RECORD_HEADER_SIZE: record.headerSize,
     ABI_ATTRS_CAPACITY: record.attrsCapacity,
