@@ -5,7 +5,8 @@
 //! frame without the store, ...). `inspect` and `sample` must report the
 //! good thread's span exactly and every other thread as "no span" with the
 //! right reason; a second build also publishes an OTEP 4947 record on one
-//! more thread, so both schemas are read in one process.
+//! more thread, so both schemas are read in one process. With root and the
+//! BPF build, `profile` must find the same at the sample (threads spinning).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -64,7 +65,12 @@ impl Drop for Host {
 }
 
 fn spawn(program: &str) -> Host {
+    spawn_with(program, &[])
+}
+
+fn spawn_with(program: &str, args: &[&str]) -> Host {
     let mut child = Command::new(fixtures().join(program))
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -304,4 +310,89 @@ fn both_schemas_in_one_process() {
     assert_eq!(host.expect.len(), 11);
     check_inspect(&host, true);
     check_sample(&host, true);
+}
+
+/// Why `profile` cannot run here, if it cannot.
+fn profile_unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("profile loads BPF programs: run as root".into());
+    }
+    let probe = reader(&["profile", "--pid", "2147483647", "--duration", "1"]);
+    let stderr = String::from_utf8_lossy(&probe.stderr).into_owned();
+    stderr.contains("no kernel sampler").then_some(stderr)
+}
+
+#[test]
+fn profile_walks_the_same_objects_at_the_sample() {
+    if let Some(why) = profile_unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let host = spawn_with("v8heap_both", &["spin"]);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("v8heap-profile");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("{}.jsonl", host.pid));
+    let run = reader(&[
+        "profile",
+        "--pid",
+        &host.pid.to_string(),
+        "--duration",
+        "2",
+        "--format",
+        "jsonl",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let mut samples: HashMap<i32, Vec<Value>> = HashMap::new();
+    for line in std::fs::read_to_string(&out).unwrap().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        samples
+            .entry(v["tid"].as_i64().unwrap() as i32)
+            .or_default()
+            .push(v);
+    }
+    let _ = std::fs::remove_file(&out);
+    let mut sampled = 0;
+    for (tid, (role, expect)) in &host.expect {
+        // Eleven spinning threads on a shared machine: a thread may go
+        // unsampled in two seconds, but every sample taken must be right.
+        let Some(list) = samples.get(tid) else {
+            continue;
+        };
+        sampled += 1;
+        for s in list {
+            match expect {
+                Expect::Span { trace, span } => {
+                    assert_eq!(s["valid"], true, "{role}: {s}");
+                    assert_eq!(s["trace_id"], *trace);
+                    assert_eq!(s["span_id"], *span);
+                    assert_eq!(s["attributes"]["attr.0"], *role, "{role}: {s}");
+                }
+                Expect::NoSpan(reason) if reason == "not-published" => {
+                    assert_eq!(s["valid"], false, "{role}: {s}");
+                    assert_eq!(s["schema"], "tlsdesc_v1_dev");
+                    assert_eq!(s["record"], "null", "{role}: {s}");
+                }
+                Expect::NoSpan(reason) => {
+                    assert_eq!(s["valid"], false, "{role}: {s}");
+                    assert_eq!(s["schema"], "nodejs_v1_dev", "{role}: {s}");
+                    // The kernel side reports an invalid record as a read
+                    // record whose valid byte is not 1.
+                    let want = if reason == "record-invalid" {
+                        "read"
+                    } else {
+                        reason.as_str()
+                    };
+                    assert_eq!(s["record"], want, "{role}: {s}");
+                }
+            }
+        }
+    }
+    assert!(sampled >= 6, "most spinning threads sampled: {sampled}");
 }
