@@ -4,15 +4,24 @@
 // profilers. Requiring this module registers the calling thread.
 
 const binding = require('./js/binding');
-const { ProfilingContextManager } = require('./js/context-manager');
+const { ProfilingContextManager, publishingMode } = require('./js/context-manager');
 const { setSpanContext, clearSpanContext } = require('./js/direct-api');
 const processContext = require('./js/process-context');
+
+/**
+ * Diagnostics for the calling thread: its registration, the mode its
+ * publishing manager uses (and why not frame), and its frame-mode block.
+ */
+function threadInfo() {
+  const { mode, frameUnavailableReason } = publishingMode();
+  return { ...binding.threadInfo(), mode, frameUnavailableReason, frame: binding.frameInfo() };
+}
 
 module.exports = {
   ProfilingContextManager,
   setSpanContext,
   clearSpanContext,
-  threadInfo: binding.threadInfo,
+  threadInfo,
   registryStats: binding.registryStats,
   // Process context (OTEP 4719): resource attributes and the record key map.
   ProcessContextSpanProcessor: processContext.ProcessContextSpanProcessor,

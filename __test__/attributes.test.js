@@ -6,8 +6,8 @@ const test = require('node:test');
 const assert = require('node:assert');
 const { context } = require('@opentelemetry/api');
 const { BasicTracerProvider } = require('@opentelemetry/sdk-trace-base');
-const { ProfilingContextManager, threadInfo } = require('..');
-const { readFullRecord } = require('./helpers');
+const { ProfilingContextManager } = require('..');
+const { readFullRecord, ownRecordAddress, NO_RECORD } = require('./helpers');
 const otelCtx = require('./fixtures/otel-ctx-reader');
 
 const ROUTE = 'http.route';
@@ -34,7 +34,8 @@ function keyMap() {
 
 /** The calling thread's record, attributes decoded through the key map. */
 function published() {
-  const record = readFullRecord('self', threadInfo().recordAddress);
+  const address = ownRecordAddress();
+  const record = address === null ? { ...NO_RECORD, attrs: [] } : readFullRecord('self', address);
   const keys = keyMap();
   const attributes = {};
   for (const { keyIndex, value } of record.attrs) {

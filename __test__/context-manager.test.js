@@ -12,7 +12,7 @@ const http = require('node:http');
 const net = require('node:net');
 const timersPromises = require('node:timers/promises');
 const { context, trace, ROOT_CONTEXT } = require('@opentelemetry/api');
-const { ProfilingContextManager } = require('..');
+const { ProfilingContextManager, threadInfo } = require('..');
 const { readOwnRecord, spanContextFor } = require('./helpers');
 
 const manager = new ProfilingContextManager();
@@ -371,7 +371,15 @@ test('an enabled manager publishes a process context with the schema version', (
   const reader = new otelCtx.MemoryReader('self');
   try {
     const { attributes } = otelCtx.decodePayload(reader.readConsistent(mapping.start).bytes);
-    assert.strictEqual(attributes['threadlocal.schema_version'], 'tlsdesc_v1_dev');
+    const info = threadInfo();
+    if (info.mode === 'frame') {
+      assert.strictEqual(attributes['threadlocal.schema_version'], 'nodejs_v1_dev');
+      assert.strictEqual(Number(attributes['threadlocal.js_object_record_offset']), info.frame.jsObjectRecordOffset);
+      assert.strictEqual(Number(attributes['threadlocal.tagged_size']), 8);
+    } else {
+      assert.strictEqual(attributes['threadlocal.schema_version'], 'tlsdesc_v1_dev');
+      assert.strictEqual(attributes['threadlocal.js_object_record_offset'], undefined);
+    }
     assert.ok(Array.isArray(attributes['threadlocal.attribute_key_map']));
   } finally {
     reader.close();

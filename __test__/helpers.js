@@ -25,10 +25,26 @@ function readRecord(pid, address) {
   }
 }
 
-/** The calling thread's own record, read through /proc/self/mem (not through the JS view). */
-function readOwnRecord() {
+/** A decoded header that publishes nothing (what a reader reports when a walk finds no record). */
+const NO_RECORD = Object.freeze({ traceId: '0'.repeat(32), spanId: '0'.repeat(16), valid: 0, traceFlags: 0, attrsDataSize: 0 });
+
+/**
+ * The address a reader reads for the calling thread now, in the mode in
+ * force: the OTEP 4947 record (record mode), or where the Node.js schema's
+ * walk from the thread's `otel_thread_ctx_nodejs_v1` block ends (frame
+ * mode; null when it ends at no record).
+ */
+function ownRecordAddress() {
   const { threadInfo } = require(ROOT);
-  return readRecord('self', threadInfo().recordAddress);
+  const info = threadInfo();
+  if (info.mode !== 'frame') return info.recordAddress;
+  return require('../js/binding').frameWalk().record ?? null;
+}
+
+/** The calling thread's published record, read through /proc/self/mem (not through the JS view). */
+function readOwnRecord() {
+  const address = ownRecordAddress();
+  return address === null ? NO_RECORD : readRecord('self', address);
 }
 
 let counter = 0;
@@ -117,4 +133,4 @@ function readFullRecord(pid, address) {
   }
 }
 
-module.exports = { ROOT, readRecord, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited };
+module.exports = { ROOT, NO_RECORD, ownRecordAddress, readRecord, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited };

@@ -1,156 +1,71 @@
 'use strict';
 // ProfilingContextManager: the stock AsyncLocalStorageContextManager, plus
-// keeping this thread's OTEP 4947 record equal to the active span whenever
-// JavaScript runs.
-//
-// Where the active context changes, and who publishes it:
-// - `with()` / `bind()` / `attach()`: published here, synchronously, on
-//   entry and on exit (exit by throw included).
-// - a callback starting in a stored context (await continuation, timer,
-//   immediate, nextTick, queueMicrotask, I/O callback): published by the
-//   hooks in ./continuations.js.
-// - the event loop going idle: the native side clears the record from a
-//   libuv prepare handle, right before the thread blocks (src/idle.rs).
+// publishing this thread's active span for out-of-process profilers, in one
+// of two modes (one module each, behind the same activate/deactivate/
+// spanEnded interface):
+// - frame (./publish/frame.js): the Node.js schema `nodejs_v1_dev`; the
+//   AsyncLocalStorage stores a wrapper over the span's native record and a
+//   profiler walks V8's AsyncContextFrame to it: nothing runs per async
+//   switch. Only where AsyncLocalStorage runs on AsyncContextFrame and the
+//   reader's walk verified on the running Node.
+// - record (./publish/record.js): the OTEP 4947 record behind
+//   `otel_thread_ctx_v1`, kept current on every switch (hooks).
+// Default: frame where it verifies, else record; the `mode` option or
+// OTEL_THREAD_CTX_MODE chooses explicitly.
 
-const { context: contextApi, diag, trace } = require('@opentelemetry/api');
+const { context: contextApi, diag, ROOT_CONTEXT } = require('@opentelemetry/api');
 const { AsyncLocalStorageContextManager } = require('@opentelemetry/context-async-hooks');
 const binding = require('./binding');
-const view = require('./record-view');
-const continuations = require('./continuations');
+const recordMode = require('./publish/record');
+const frameMode = require('./publish/frame');
 const { AttributeSchema, validateKeys } = require('./span-attributes');
-const sdkResource = require('./sdk-resource');
 
-const { NO_SPAN } = view;
+const { NO_SPAN, publishContext, republish } = recordMode;
+const MODES = ['record', 'frame'];
+const MODE_VARIABLE = 'OTEL_THREAD_CTX_MODE';
 
-/** Per-context and per-span cache of the record entry (never enumerated). */
-const kEntry = Symbol('otel-thread-ctx.entry');
-
-// A plain symbol-keyed property: far cheaper to add than
-// Object.defineProperty (BENCHMARKS.md), and symbols stay out of for-in,
-// Object.keys and JSON. Frozen or sealed objects are simply not cached.
-function cache(holder, entry) {
-  if (Object.isExtensible(holder)) holder[kEntry] = entry;
-  return entry;
+/** The mode a manager asks for: the option, else the environment, else null (default). */
+function requestedMode(option) {
+  if (option !== undefined) {
+    if (typeof option !== 'string') throw new TypeError('The "mode" option must be "record" or "frame"');
+    if (!MODES.includes(option)) throw new RangeError(`The "mode" option must be "record" or "frame", not "${option}"`);
+    return option;
+  }
+  const fromEnvironment = process.env[MODE_VARIABLE];
+  if (fromEnvironment === undefined || fromEnvironment === '') return null;
+  if (MODES.includes(fromEnvironment)) return fromEnvironment;
+  warnOnce(`${MODE_VARIABLE}=${fromEnvironment} is not "record" or "frame"; it is ignored`);
+  return null;
 }
 
-/** AttributeSchema of the publishing manager, or null when it publishes no attributes. */
-let schema = null;
-
-/**
- * Whether a cached entry can be published as is: its span not ended, built
- * for the current schema, and its span's configured attributes unchanged
- * since. `ended` is the SDK span's getter (other spans do not have it); once
- * it is true the context's cache becomes NO_SPAN, so ended spans cost this
- * check only once per context.
- */
-function isFresh(entry) {
-  if (entry === NO_SPAN) return true;
-  return entry.schema === schema && entry.span.ended !== true && (schema === null || schema.isCurrent(entry.attributes));
-}
-
-/**
- * A span's trace flags as published, or -1 when they are invalid. One rule
- * for the manager and the direct API: `undefined` means 0, anything but an
- * integer in 0..255 makes the span context invalid (the direct API throws
- * a RangeError, the manager publishes no span).
- */
-function validFlags(traceFlags) {
-  if (traceFlags === undefined) return 0;
-  return typeof traceFlags === 'number' && (traceFlags & 0xff) === traceFlags ? traceFlags : -1;
-}
-
-function entryForSpan(span) {
-  // Anything may be stored under the span key; only objects with a
-  // spanContext() method are spans.
-  if (typeof span !== 'object' || span === null || typeof span.spanContext !== 'function') return NO_SPAN;
-  const cached = span[kEntry];
-  if (cached !== undefined && isFresh(cached)) return cached;
-  sdkResource.onNewSpan(span);
-  // A span outside its lifetime is never published.
-  if (span.ended === true) return cache(span, NO_SPAN);
-  const sc = span.spanContext();
-  if (typeof sc !== 'object' || sc === null) return cache(span, NO_SPAN);
-  const flags = validFlags(sc.traceFlags);
-  // entryFromIds returns NO_SPAN for malformed or all-zero (invalid) ids.
-  let entry = flags < 0 ? NO_SPAN : view.entryFromIds(sc.traceId, sc.spanId, flags);
-  if (entry === NO_SPAN) return cache(span, entry);
-  if (schema !== null) entry = view.withAttributes(entry, schema, schema.encode(span));
-  entry.span = span;
-  return cache(span, entry);
-}
-
-/**
- * The record entry for a context not cached yet (or cached stale): read from
- * its span, then cached on the context. Any value may be a context, as with
- * the stock manager: only objects with a getValue() method (OpenTelemetry
- * contexts) can carry a span.
- */
-function lookupEntry(ctx) {
-  if (typeof ctx !== 'object' || ctx === null) return NO_SPAN;
-  if (typeof ctx.getValue !== 'function') return cache(ctx, NO_SPAN);
-  return cache(ctx, entryForSpan(trace.getSpan(ctx)));
-}
-
-let failureReported = false;
-
-/**
- * A context whose span could not be read (a throwing getter, Proxy trap,
- * getValue or spanContext) publishes no span; the first such failure on
- * the thread is reported through diag. Cannot throw.
- */
-function publishFailure(ctx, error) {
-  view.publish(NO_SPAN);
+const warned = new Set();
+function warnOnce(message) {
+  if (warned.has(message)) return;
+  warned.add(message);
   try {
-    cache(ctx, NO_SPAN);
+    diag.warn(`otel-thread-ctx: ${message}`);
   } catch {
-    // A Proxy refusing the property: the lookup is simply repeated next time.
-  }
-  if (failureReported) return;
-  failureReported = true;
-  try {
-    diag.warn(`otel-thread-ctx: a context's span could not be read, no span is published for it: ${error}`);
-  } catch {
-    // A throwing diag logger or error (toString): nothing else to report to.
+    // A throwing diag logger: nothing else to report to.
   }
 }
 
-/**
- * Publishes the span of `ctx`, whatever `ctx` is. Runs inside async hooks,
- * so it cannot throw: a Proxy context can throw even from the cached-entry
- * load, which no cheaper check rules out, and try/catch costs nothing on
- * the path that does not throw. The hot path is one cached load
- * (primitives have no such key), the freshness check and the record's
- * stores; no object is stored into long-lived state except when an entry
- * takes its slot in the writer's ring (./record-view.js).
- */
-function publishContext(ctx) {
-  try {
-    const cached = ctx?.[kEntry];
-    view.publish(cached !== undefined && isFresh(cached) ? cached : lookupEntry(ctx));
-  } catch (error) {
-    publishFailure(ctx, error);
-  }
-}
+/** Why frame mode is not in force on this thread (null while it is, or before any manager chose). */
+let frameUnavailableReason = null;
 
 /**
- * Publishes `entry` again (the record's entry before a with() call), or
- * what its span publishes now if it went stale meanwhile. Cannot throw.
+ * `{ mode, reason }` for a new manager whose AsyncLocalStorage is
+ * `storage`: frame unless record was asked for or frame does not verify.
  */
-function republish(entry) {
-  try {
-    view.publish(isFresh(entry) ? entry : entryForSpan(entry.span));
-  } catch (error) {
-    publishFailure(entry.span, error);
+function chooseMode(requested, storage) {
+  if (requested === 'record') return { mode: 'record', reason: 'record mode was chosen' };
+  const frame = frameMode.availability(storage);
+  if (frame.reason === undefined) return { mode: 'frame', reason: null };
+  // Expected on Node lines without AsyncContextFrame; a failed verification
+  // on a line that has it, or frame asked for explicitly, is worth a warning.
+  if (requested === 'frame' || frameMode.usesAsyncContextFrame()) {
+    warnOnce(`frame mode is unavailable, publishing in record mode: ${frame.reason}`);
   }
-}
-
-/**
- * Called as a span ends (ProcessContextSpanProcessor.onEnd): if the record
- * carries that span, it stops now rather than at the next context switch,
- * so the code after `span.end()` is not attributed to the span. Cannot throw.
- */
-function spanEnded(span) {
-  if (publisher !== null && view.publishedEntry().span === span) view.publish(NO_SPAN);
+  return { mode: 'record', reason: frame.reason };
 }
 
 /**
@@ -199,38 +114,68 @@ function pushEnabled(manager) {
   else enabledManagers.push(manager);
 }
 
+function modeOf(manager) {
+  return manager._frame ? frameMode : recordMode;
+}
+
 /** Makes the top of the stack the publisher (or stops publishing when it is empty). */
 function updatePublisher() {
   const next = enabledManagers.length === 0 ? null : enabledManagers[enabledManagers.length - 1];
   if (next === publisher) return;
   const previous = publisher;
-  if (previous !== null) previous._publishing = false;
-  publisher = next;
-  if (next === null) {
-    continuations.deactivate(previous);
-    schema = null;
-    binding.setClearOnIdle(false);
-    view.publish(NO_SPAN);
-    return;
+  if (previous !== null) {
+    previous._publishing = false;
+    if (next === null || modeOf(next) !== modeOf(previous)) modeOf(previous).deactivate(previous);
   }
+  publisher = next;
+  if (next === null) return;
   next._publishing = true;
-  continuations.activate(next, publishContext);
-  schema = next._attributeSchema;
-  binding.setClearOnIdle(true);
-  publishContext(next.active());
+  if (next._frame) {
+    try {
+      frameMode.activate(next);
+      frameUnavailableReason = null;
+    } catch (error) {
+      // Verified at construction, so only a refused global handle or
+      // process context gets here: nothing is published on this thread.
+      frameUnavailableReason = error.message;
+      warnOnce(`frame mode could not publish: ${error.message}`);
+    }
+  } else {
+    frameUnavailableReason = next._modeReason;
+    recordMode.activate(next);
+  }
+}
+
+/** Stops publishing `span` at once as it ends (ProcessContextSpanProcessor.onEnd). Cannot throw. */
+function spanEnded(span) {
+  recordMode.spanEnded(span);
+  frameMode.spanEnded(span);
+}
+
+/** The mode the calling thread publishes in (`null` while no manager is enabled), and why not frame. */
+function publishingMode() {
+  return { mode: publisher === null ? null : publisher._frame ? 'frame' : 'record', frameUnavailableReason };
 }
 
 class ProfilingContextManager extends AsyncLocalStorageContextManager {
   /**
-   * @param {{ attributes?: string[] }} [options] `attributes`: span attribute
-   *   keys to publish in the record (e.g. 'http.route') when present.
+   * @param {{ attributes?: string[], mode?: 'record' | 'frame' }} [options]
+   *   `attributes`: span attribute keys to publish in the record (e.g.
+   *   'http.route') when present. `mode`: how to publish (default: frame
+   *   where it verifies, else record; OTEL_THREAD_CTX_MODE when omitted).
    */
   constructor(options = {}) {
     if (options === null || typeof options !== 'object') {
       throw new TypeError('The "options" argument must be an object');
     }
     const keys = validateKeys(options.attributes);
+    const requested = requestedMode(options.mode);
     super();
+    const { mode, reason } = chooseMode(requested, this._asyncLocalStorage);
+    /** Frame mode: the AsyncLocalStorage stores wrappers (js/publish/frame.js). */
+    this._frame = mode === 'frame';
+    /** Why this manager publishes in record mode (null in frame mode). */
+    this._modeReason = reason;
     /** On this thread's stack of enabled managers. */
     this._enabled = false;
     /** The top of the stack: the manager whose contexts are published. */
@@ -262,13 +207,25 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     return super.disable();
   }
 
+  /** The mode this manager publishes in when it publishes: 'frame' or 'record'. */
+  get mode() {
+    return this._frame ? 'frame' : 'record';
+  }
+
+  active() {
+    if (!this._frame) return this._asyncLocalStorage.getStore() ?? ROOT_CONTEXT;
+    return frameMode.contextOf(this._asyncLocalStorage.getStore()) ?? ROOT_CONTEXT;
+  }
+
   with(context, fn, thisArg, ...args) {
     // The base class's body, with the publishing around it: super.with()
     // would add a call frame and repeat the bind check on the hottest path
     // (BENCHMARKS.md, "The upstream manager's surface").
     const cb = thisArg == null ? fn : fn.bind(thisArg);
+    // Frame mode: one run() with the context's wrapper, nothing else.
+    if (this._frame) return this._asyncLocalStorage.run(frameMode.wrapperFor(context), cb, ...args);
     if (!this._publishing) return this._asyncLocalStorage.run(context, cb, ...args);
-    const outer = view.publishedEntry();
+    const outer = recordMode.publishedEntry();
     publishContext(context);
     try {
       return this._asyncLocalStorage.run(context, cb, ...args);
@@ -276,12 +233,13 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
       // Leaving to no span (a with() at the root, as a request's first
       // is) needs no freshness check and no record write but the tail
       // word's: one call less, on the exit every request takes.
-      if (outer === NO_SPAN) view.publishNoSpan();
+      if (outer === NO_SPAN) recordMode.publishNoSpan();
       else republish(outer);
     }
   }
 
   attach(context) {
+    if (this._frame) return attachWrapper(this._asyncLocalStorage, frameMode.wrapperFor(context));
     const token = super.attach(context);
     if (!this._publishing) return token;
     publishContext(context);
@@ -296,4 +254,23 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
   }
 }
 
-module.exports = { ProfilingContextManager, spanEnded };
+/**
+ * The stock attach() for a store that is a wrapper: the base class's
+ * fallback would restore `active()` (a context, not its wrapper).
+ */
+function attachWrapper(storage, wrapper) {
+  if (typeof storage.withScope === 'function') return storage.withScope(wrapper);
+  const previous = storage.getStore();
+  storage.enterWith(wrapper);
+  let disposed = false;
+  const dispose = () => {
+    if (disposed) return;
+    disposed = true;
+    storage.enterWith(previous);
+  };
+  const token = { dispose };
+  if (typeof Symbol.dispose === 'symbol') token[Symbol.dispose] = dispose;
+  return token;
+}
+
+module.exports = { ProfilingContextManager, spanEnded, publishingMode };

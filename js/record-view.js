@@ -57,6 +57,17 @@ function tailWord(traceFlags, attrsSize) {
 }
 
 /**
+ * A span's trace flags as published, or -1 when they are invalid. One rule
+ * for the manager and the direct API: `undefined` means 0, anything but an
+ * integer in 0..255 makes the span context invalid (the direct API throws
+ * a RangeError, the manager publishes no span).
+ */
+function validFlags(traceFlags) {
+  if (traceFlags === undefined) return 0;
+  return typeof traceFlags === 'number' && (traceFlags & 0xff) === traceFlags ? traceFlags : -1;
+}
+
+/**
  * The entries the record held most recently, by slot (slot 0: NO_SPAN).
  * The writer remembers which entry the record holds as a slot number, not
  * as an object: storing a short-lived object into a long-lived one costs a
@@ -340,9 +351,11 @@ function clearThroughNapi() {
 
 module.exports =
   noViewReason === null
-    ? { NO_SPAN, entryFromIds, withAttributes, publish, publishNoSpan, publishIds, clear, publishedEntry, writer: 'view' }
+    ? { NO_SPAN, validFlags, tailWord, entryFromIds, withAttributes, publish, publishNoSpan, publishIds, clear, publishedEntry, writer: 'view' }
     : {
         NO_SPAN,
+        validFlags,
+        tailWord,
         entryFromIds,
         withAttributes,
         publish: publishThroughNapi,

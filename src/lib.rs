@@ -7,6 +7,7 @@
 mod abi_layout;
 mod anonymous_memory;
 mod args;
+mod frame;
 mod idle;
 mod record;
 mod registry;
@@ -14,6 +15,7 @@ mod tls;
 mod view;
 
 use napi::bindgen_prelude::{BigInt, Env, Error, Object, Result, Status, Uint8Array, Unknown};
+use napi::JsValue;
 use napi_derive::napi;
 
 use otel_thread_ctx_abi::record::{HEADER_SIZE, RECORD_SIZE};
@@ -32,6 +34,7 @@ pub fn init(_exports: Object, env: Env) -> Result<()> {
     })?;
     if registered_now {
         env.add_env_cleanup_hook((), |()| {
+            stop_frame_publication();
             idle::stop();
             registry::detach_current_thread();
             view::forget();
@@ -233,5 +236,196 @@ pub fn process_context_info() -> Option<ProcessContextInfo> {
         resource_attributes: info.resource_attribute_count as u32,
         publications: info.publications as f64,
         retained_payloads: info.retained_payloads as u32,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Frame mode (the Node.js schema nodejs_v1_dev): logic in src/frame/
+
+/// Stops the calling thread's frame publication (gate first) and updates
+/// the process context's schema when it was the last frame-mode thread.
+fn stop_frame_publication() {
+    if let Some(layout) = frame::thread::unpublish() {
+        // The context keeps announcing the layout if this fails; the gate
+        // is closed, so a reader finds no span on this thread either way.
+        let _ = process_context::frame_thread(false, layout);
+    }
+}
+
+fn frame_error<T>(message: String) -> Result<T> {
+    Err(Error::new(Status::GenericFailure, message))
+}
+
+/// A zeroed span record of `size` bytes as an external `ArrayBuffer`, freed
+/// when V8 finalizes the buffer.
+#[napi]
+pub fn frame_span_record(env: &Env, size: u32) -> Result<Object<'_>> {
+    if !frame::span_record::size_is_valid(size as usize) {
+        return args::range_error(
+            env,
+            &format!("a span record is {HEADER_SIZE} to {RECORD_SIZE} bytes"),
+        );
+    }
+    // SAFETY: `env` is this callback's env and the size was checked.
+    match unsafe { frame::span_record::create(env.raw(), size as usize) } {
+        Ok(value) => Ok(Object::from_raw(env.raw(), value)),
+        Err(status) => Err(Error::new(
+            Status::from(status),
+            "cannot allocate a span record".to_owned(),
+        )),
+    }
+}
+
+/// Span records allocated and not yet finalized, process-wide.
+#[napi]
+pub fn frame_span_records() -> u32 {
+    frame::span_record::live() as u32
+}
+
+/// Offsets from the isolate of the words that hold an AsyncContextFrame
+/// mapping `storage` to `wrapper` now (called inside `storage.run(wrapper)`).
+#[napi]
+pub fn frame_cped_candidates(storage: Object, wrapper: Object) -> Result<Vec<u32>> {
+    // SAFETY: both are live objects of this callback.
+    unsafe { frame::discovery::cped_candidates(storage.raw(), wrapper.raw()) }
+        .or_else(frame_error)
+}
+
+/// Offsets in `wrapper` of the words equal to `buffer`'s data address.
+#[napi]
+pub fn frame_record_offset_candidates(env: &Env, wrapper: Object, buffer: Unknown) -> Result<Vec<u32>> {
+    // SAFETY: live handles of this callback.
+    let Some(address) = (unsafe { frame::span_record::address(env.raw(), buffer.raw()) }) else {
+        return args::type_error(env, "The \"buffer\" argument must be an ArrayBuffer");
+    };
+    // SAFETY: as above.
+    Ok(unsafe { frame::discovery::record_offset_candidates(wrapper.raw(), address) })
+}
+
+/// Inside `storage.run(wrapper)`, where `wrapper` views `buffer`: walks a
+/// block for `storage` as a reader would (without publishing it) and
+/// throws unless the walk ends at `buffer`'s record.
+#[napi]
+pub fn frame_verify(
+    env: &Env,
+    storage: Object,
+    buffer: Unknown,
+    cped_offset: u32,
+    record_offset: u32,
+) -> Result<()> {
+    // SAFETY: live handles of this callback.
+    let Some(record) = (unsafe { frame::span_record::address(env.raw(), buffer.raw()) }) else {
+        return args::type_error(env, "The \"buffer\" argument must be an ArrayBuffer");
+    };
+    // SAFETY: as above.
+    unsafe {
+        frame::thread::verify(
+            env.raw(),
+            storage.raw(),
+            cped_offset.into(),
+            record_offset.into(),
+            record,
+        )
+    }
+    .or_else(frame_error)
+}
+
+/// Publishes the calling thread's `otel_thread_ctx_nodejs_v1` block for the
+/// AsyncLocalStorage `storage` (replacing a previous one), and announces the
+/// Node.js schema in the process context.
+#[napi]
+pub fn frame_publish(env: &Env, storage: Object, cped_offset: u32, record_offset: u32) -> Result<()> {
+    // SAFETY: `storage` is a live object of this callback on this env.
+    let first = unsafe {
+        frame::thread::publish(
+            env.raw(),
+            storage.raw(),
+            cped_offset.into(),
+            record_offset.into(),
+        )
+    }
+    .or_else(frame_error)?;
+    if first {
+        let layout = frame::thread::layout().expect("just published");
+        if let Err(error) = process_context::frame_thread(true, layout) {
+            frame::thread::unpublish();
+            return process_context::throw(env, error);
+        }
+    }
+    Ok(())
+}
+
+/// Stops the calling thread's frame publication (a no-op when none).
+#[napi]
+pub fn frame_unpublish() {
+    stop_frame_publication();
+}
+
+/// What a reader walking the Node.js schema finds on a thread.
+#[napi(object)]
+pub struct FrameWalk {
+    /// The record address found, or null.
+    pub record: Option<BigInt>,
+    /// Why none was found, or null.
+    pub reason: Option<String>,
+    /// The record's header (OTEP 4947), when one was found and readable.
+    pub header: Option<Uint8Array>,
+}
+
+fn frame_walk_result(found: std::result::Result<u64, frame::walk::Miss>) -> FrameWalk {
+    let found = found.and_then(|record| Ok((record, frame::walk::header(record)?)));
+    match found {
+        Ok((record, header)) => FrameWalk {
+            record: Some(BigInt::from(record)),
+            reason: None,
+            header: Some(Uint8Array::from(header.to_vec())),
+        },
+        Err(miss) => FrameWalk {
+            record: None,
+            reason: Some(miss.reason().to_owned()),
+            header: None,
+        },
+    }
+}
+
+/// The reader's walk on the calling thread, from its TLS block, now.
+#[napi]
+pub fn frame_walk() -> FrameWalk {
+    frame_walk_result(frame::thread::walk())
+}
+
+/// The reader's walk from the `otel_thread_ctx_nodejs_v1` block at
+/// `address` (another thread's, from its `threadInfo().frame.tlsAddress`),
+/// with the calling thread's layout: an in-process reader for tests.
+#[napi]
+pub fn frame_walk_at(address: BigInt) -> FrameWalk {
+    frame_walk_result(frame::thread::walk_at(address.get_u64().1))
+}
+
+/// The calling thread's published `otel_thread_ctx_nodejs_v1` block.
+#[napi(object)]
+pub struct FrameInfo {
+    /// Address of this thread's `otel_thread_ctx_nodejs_v1` variable.
+    pub tls_address: BigInt,
+    pub cped_slot: BigInt,
+    pub als_handle: BigInt,
+    pub als_identity_hash: i32,
+    pub undefined_addr: BigInt,
+    /// Where a wrapper holds its record's address.
+    pub js_object_record_offset: u32,
+}
+
+/// The calling thread's frame publication, or null when it publishes none.
+#[napi]
+pub fn frame_info() -> Option<FrameInfo> {
+    let block = frame::thread::block()?;
+    let layout = frame::thread::layout()?;
+    Some(FrameInfo {
+        tls_address: BigInt::from(frame::tls::address() as u64),
+        cped_slot: BigInt::from(block.cped_slot),
+        als_handle: BigInt::from(block.als_handle),
+        als_identity_hash: block.als_identity_hash,
+        undefined_addr: BigInt::from(block.undefined_addr),
+        js_object_record_offset: layout.js_object_record_offset as u32,
     })
 }

@@ -106,3 +106,56 @@ int otel_thread_ctx_tls_model(void) {
   return OTEL_TLS_UNKNOWN;
 #endif
 }
+
+/*
+ * The Node.js schema's discovery block (nodejs_v1_dev; layout in
+ * abi/src/node_schema.rs): where V8 keeps this isolate thread's current
+ * AsyncContextFrame, and how to find the writer's AsyncLocalStorage in it.
+ * Same TLSDESC dialect and export as otel_thread_ctx_v1.
+ *
+ * cped_slot is the gate: 0 = the thread publishes nothing. It is written last
+ * when the block is filled and cleared first when it is torn down, so a
+ * sampler interrupting this thread never follows a half-written block.
+ */
+struct otel_thread_ctx_nodejs {
+  uint64_t cped_slot;
+  uint64_t als_handle;
+  int32_t als_identity_hash;
+  uint32_t padding;
+  uint64_t undefined_addr;
+};
+
+__attribute__((visibility("default"))) __thread struct otel_thread_ctx_nodejs
+    otel_thread_ctx_nodejs_v1 = {0, 0, 0, 0, 0};
+
+/* Fills the calling thread's block; the gate opens last. */
+void otel_thread_ctx_nodejs_store(const struct otel_thread_ctx_nodejs *block) {
+  struct otel_thread_ctx_nodejs *own = &otel_thread_ctx_nodejs_v1;
+  __atomic_store_n(&own->cped_slot, 0, __ATOMIC_RELAXED);
+  /* ORDER: the gate is closed before any other field changes. */
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  __atomic_store_n(&own->als_handle, block->als_handle, __ATOMIC_RELAXED);
+  __atomic_store_n(&own->als_identity_hash, block->als_identity_hash, __ATOMIC_RELAXED);
+  __atomic_store_n(&own->padding, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&own->undefined_addr, block->undefined_addr, __ATOMIC_RELAXED);
+  /* ORDER: every field is in place before the gate opens. */
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+  __atomic_store_n(&own->cped_slot, block->cped_slot, __ATOMIC_RELAXED);
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+
+/* Sets only the gate (0 closes it): for closing and reopening around GC. */
+void otel_thread_ctx_nodejs_gate(uint64_t cped_slot) {
+  __atomic_store_n(&otel_thread_ctx_nodejs_v1.cped_slot, cped_slot, __ATOMIC_RELAXED);
+  /* ORDER: a sampler interrupting this thread sees the gate as stored before
+   * anything that follows in program order. */
+  __atomic_signal_fence(__ATOMIC_SEQ_CST);
+}
+
+/* A copy of the calling thread's block. */
+void otel_thread_ctx_nodejs_load(struct otel_thread_ctx_nodejs *out) {
+  *out = otel_thread_ctx_nodejs_v1;
+}
+
+/* The address of the calling thread's block. */
+void *otel_thread_ctx_nodejs_address(void) { return (void *)&otel_thread_ctx_nodejs_v1; }

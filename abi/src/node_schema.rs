@@ -23,7 +23,9 @@
 //! 5. entry index `i = bucket[als_identity_hash & (bucket_count - 1)]`;
 //!    while `i != -1` (at most [`MAX_CHAIN_HOPS`] hops, and `i` below the
 //!    element count plus the deleted count): if `key == *als_handle`, the
-//!    entry's `value` is the wrapper; else `i = chain`;
+//!    entry's `value` is the wrapper; else `i = chain`. A `value` equal to
+//!    `undefined_addr` means no context: `AsyncLocalStorage.run()` leaves
+//!    the key mapped to `undefined` in the frames that follow it;
 //! 6. `record = *(wrapper - 1 + js_object_record_offset)`, the address of
 //!    an OTEP 4947 record ([`crate::record`]) itself, not of an object
 //!    holding it (no further hop), read and validated as in the record

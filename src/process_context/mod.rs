@@ -104,6 +104,16 @@ pub fn register_keys(keys: &[String]) -> Result<Vec<u32>, PublishError> {
     publisher::lock().register_keys(keys)
 }
 
+/// Counts a thread starting or stopping frame-mode publication: while any
+/// thread publishes in frame mode, `threadlocal.schema_version` is the
+/// Node.js schema's and the V8 layout keys are published with it.
+pub fn frame_thread(
+    joining: bool,
+    layout: otel_thread_ctx_abi::node_schema::V8Layout,
+) -> Result<(), PublishError> {
+    publisher::lock().frame_thread(joining, layout)
+}
+
 /// The published context, or `None` before the first publication.
 pub fn info() -> Option<Info> {
     let mut publisher = publisher::lock();

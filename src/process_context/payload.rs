@@ -4,6 +4,7 @@
 
 use prost::Message;
 
+use otel_thread_ctx_abi::node_schema::{self, V8Layout};
 use otel_thread_ctx_abi::process_context::{KEY_MAP_KEY, SCHEMA_VERSION_KEY};
 pub use otel_thread_ctx_otlp::{any_value, AnyValue, KeyValue, ProcessContext, Resource};
 
@@ -17,15 +18,22 @@ pub struct Contents<'a> {
     pub schema_version: &'a str,
     /// `threadlocal.attribute_key_map`: index i names key index i of records.
     pub key_map: &'a [String],
+    /// Frame mode's V8 layout: when present, the schema is the Node.js
+    /// schema's (whatever `schema_version` says) and the layout keys follow.
+    pub frame_layout: Option<V8Layout>,
 }
 
-/// Encodes a payload. The two `threadlocal.*` attributes come first, then
-/// the caller's extra attributes.
+/// Encodes a payload. The `threadlocal.*` attributes come first, then the
+/// caller's extra attributes.
 pub fn encode(contents: &Contents<'_>) -> Vec<u8> {
-    let mut attributes = Vec::with_capacity(2 + contents.attributes.len());
+    let mut attributes = Vec::with_capacity(6 + contents.attributes.len());
+    let schema_version = match contents.frame_layout {
+        Some(_) => node_schema::SCHEMA_VERSION,
+        None => contents.schema_version,
+    };
     attributes.push(KeyValue::new(
         SCHEMA_VERSION_KEY,
-        AnyValue::string(contents.schema_version),
+        AnyValue::string(schema_version),
     ));
     attributes.push(KeyValue::new(
         KEY_MAP_KEY,
@@ -37,6 +45,17 @@ pub fn encode(contents: &Contents<'_>) -> Vec<u8> {
                 .collect(),
         ),
     ));
+    if let Some(layout) = contents.frame_layout {
+        let values = [
+            layout.js_object_record_offset,
+            layout.tagged_size,
+            layout.js_map_table_offset,
+            layout.ordered_hash_map_header_size,
+        ];
+        for (key, value) in node_schema::LAYOUT_KEYS.into_iter().zip(values) {
+            attributes.push(KeyValue::new(key, AnyValue::int(value as i64)));
+        }
+    }
     attributes.extend_from_slice(contents.attributes);
     let message = ProcessContext {
         resource: Some(Resource {
@@ -79,6 +98,7 @@ mod tests {
             resource: &resource,
             attributes: &extra,
             schema_version: "tlsdesc_v1_dev",
+            frame_layout: None,
             key_map: &key_map,
         });
 
@@ -116,6 +136,7 @@ mod tests {
             resource: &resource,
             attributes: &[],
             schema_version: "v",
+            frame_layout: None,
             key_map: &[],
         });
         let mut expected = vec![

@@ -13,6 +13,7 @@ use super::key_map::KeyMap;
 use super::mapping::{Backing, Mapping};
 use super::payload::{self, AnyValue, Contents, KeyValue};
 use super::{Info, PublishError};
+use otel_thread_ctx_abi::node_schema::V8Layout;
 use otel_thread_ctx_abi::process_context::{DEFAULT_SCHEMA_VERSION, MAX_PAYLOAD_BYTES};
 
 /// How long a superseded payload stays allocated after the update that
@@ -41,6 +42,9 @@ pub struct Publisher {
     retired_bytes: usize,
     published_at_ns: u64,
     publications: u64,
+    /// Threads publishing in frame mode, and the layout they publish with.
+    frame_threads: usize,
+    frame_layout: Option<V8Layout>,
 }
 
 static PUBLISHER: Mutex<Publisher> = Mutex::new(Publisher::new());
@@ -67,6 +71,8 @@ impl Publisher {
             retired_bytes: 0,
             published_at_ns: 0,
             publications: 0,
+            frame_threads: 0,
+            frame_layout: None,
         }
     }
 
@@ -97,6 +103,7 @@ impl Publisher {
             attributes: attributes.as_deref().unwrap_or(&self.attributes),
             schema_version: schema_version.as_deref().unwrap_or(&self.schema_version),
             key_map: key_map.as_ref().unwrap_or(&self.key_map).keys(),
+            frame_layout: self.frame_layout,
         };
         let bytes = payload::encode(&contents);
         if bytes.len() > MAX_PAYLOAD_BYTES {
@@ -203,6 +210,28 @@ impl Publisher {
             self.publish(None, None, None, Some(key_map))?;
         }
         Ok(indexes)
+    }
+
+    /// Counts a thread starting (`joining`) or stopping frame-mode
+    /// publication. While any thread publishes in frame mode the context
+    /// announces the Node.js schema with `layout`; republishes only when
+    /// that changes. On error the count and the context are unchanged.
+    pub fn frame_thread(&mut self, joining: bool, layout: V8Layout) -> Result<(), PublishError> {
+        let count = if joining {
+            self.frame_threads + 1
+        } else {
+            self.frame_threads.saturating_sub(1)
+        };
+        let next = (count > 0).then_some(layout);
+        let previous = std::mem::replace(&mut self.frame_layout, next);
+        if previous != next {
+            if let Err(error) = self.publish(None, None, None, None) {
+                self.frame_layout = previous;
+                return Err(error);
+            }
+        }
+        self.frame_threads = count;
+        Ok(())
     }
 
     pub fn info(&self) -> Option<Info> {

@@ -1,0 +1,349 @@
+'use strict';
+// Frame mode: the Node.js schema `nodejs_v1_dev` (abi/src/node_schema.rs).
+//
+// Where AsyncLocalStorage runs on V8's AsyncContextFrame, V8 restores the
+// current frame on every `await` without running JavaScript. So nothing
+// runs per async switch here: the manager's AsyncLocalStorage stores a
+// wrapper per context, a typed array over the native OTEP 4947 record of the
+// context's span, and a profiler walks from the thread's
+// `otel_thread_ctx_nodejs_v1` block through the current frame to the
+// wrapper, whose data pointer (at a fixed offset in the object) is the
+// record's address. `active()` returns the wrapper's `context`.
+//
+// - a span's record is written once, when a context holding the span is
+//   first entered, and in place afterwards: `valid = 0` when the span ends
+//   (ProcessContextSpanProcessor.onEnd, or the SDK's `ended` seen at the
+//   next `with()`), new attributes when a `with()` finds them changed;
+// - a record is native memory behind an external ArrayBuffer, freed by the
+//   buffer's finalizer, so never while a frame can still reach a wrapper;
+// - nothing is published before the whole walk was done in-process over
+//   our own objects and ended at the expected record (see `availability`).
+
+const asyncHooks = require('node:async_hooks');
+const { diag, trace } = require('@opentelemetry/api');
+const abi = require('../abi');
+const binding = require('../binding');
+const view = require('../record-view');
+const sdkResource = require('../sdk-resource');
+
+const { offsets } = abi.record;
+const TAIL_INDEX_U32 = offsets.valid / 4;
+const HEADER_WORDS = Math.ceil(abi.record.headerSize / 4);
+/** A record without attributes, rounded up to whole words. */
+const HEADER_RECORD_SIZE = HEADER_WORDS * 4;
+const FULL_RECORD_SIZE = abi.record.size;
+
+/** What the manager's AsyncLocalStorage stores: the context, over its span's record. */
+class ContextWrapper extends Uint8Array {
+  constructor(buffer, context, record) {
+    super(buffer);
+    /** The context given to with()/attach(), as active() returns it. */
+    this.context = context;
+    /** The SpanRecord this wrapper views, or null (no span). */
+    this.record = record;
+  }
+}
+
+/** A span's native record and what was written into it. */
+class SpanRecord {
+  constructor(buffer, span, entry, schema, attributes) {
+    this.buffer = buffer;
+    this.words = new Uint32Array(buffer);
+    this.span = span;
+    /** record-view's entry: the ids as words, flags, tail word. */
+    this.entry = entry;
+    /** The AttributeSchema the attributes were encoded for (null: none). */
+    this.schema = schema;
+    /** EncodedAttributes or null. */
+    this.attributes = attributes;
+    /** Set once `valid` was cleared for good (the span ended). */
+    this.ended = false;
+  }
+}
+
+/** Per-context wrapper and per-span record caches (never enumerated). */
+const kWrapper = Symbol('otel-thread-ctx.wrapper');
+const kRecord = Symbol('otel-thread-ctx.record');
+
+/** The publishing manager's AttributeSchema (null: no attributes). */
+let schema = null;
+
+/** This thread's record of "no span" (valid = 0, never written). */
+let noSpanBuffer = null;
+function noSpan() {
+  noSpanBuffer ??= binding.frameSpanRecord(HEADER_RECORD_SIZE);
+  return noSpanBuffer;
+}
+
+function write(record, entry, attributes) {
+  const words = record.words;
+  // ORDER: a sampler interrupts this thread, so program order is enough:
+  // valid = 0 first, the fields, then the tail word (valid = 1) last, each
+  // a typed-array store V8 neither drops nor reorders (as in record-view).
+  words[TAIL_INDEX_U32] = 0;
+  words[0] = entry.w0;
+  words[1] = entry.w1;
+  words[2] = entry.w2;
+  words[3] = entry.w3;
+  words[4] = entry.w4;
+  words[5] = entry.w5;
+  let tail = entry.tail;
+  if (attributes !== null && attributes.bytes.length !== 0) {
+    new Uint8Array(record.buffer).set(attributes.bytes, offsets.attrsData);
+    tail = view.tailWord(entry.traceFlags, attributes.bytes.length);
+  }
+  words[TAIL_INDEX_U32] = tail;
+}
+
+const kObserved = Symbol('otel-thread-ctx.observed');
+
+/** Runs `after(this)` after every call of `proto[name]` (if it is a method). */
+function observe(proto, name, after) {
+  const original = proto[name];
+  if (typeof original !== 'function') return;
+  proto[name] = {
+    [name](...args) {
+      try {
+        return original.apply(this, args);
+      } finally {
+        after(this);
+      }
+    },
+  }[name];
+}
+
+/** A span's attributes changed: its record follows now when it has one. Cannot throw. */
+function attributesChanged(span) {
+  try {
+    const record = span[kRecord];
+    if (schema !== null && record !== undefined && record.span === span && !record.ended) recordOfSpan(span);
+  } catch {
+    // A throwing attribute getter: the record follows at the next with().
+  }
+}
+
+/**
+ * Makes `end()` of `span`'s class clear the span's record in place, and
+ * `setAttribute()`/`setAttributes()` update it, so a frame that resumes
+ * later without any with() publishes what the span says now: record mode
+ * notices at the next callback, and frame mode runs nothing then. Once per
+ * span class; a class that cannot be patched is left to
+ * ProcessContextSpanProcessor.onEnd and to with().
+ */
+function observeSpanClass(span) {
+  const proto = Object.getPrototypeOf(span);
+  if (proto === null || proto === Object.prototype || Object.prototype.hasOwnProperty.call(proto, kObserved)) return;
+  try {
+    proto[kObserved] = true;
+    observe(proto, 'end', spanEnded);
+    observe(proto, 'setAttribute', attributesChanged);
+    observe(proto, 'setAttributes', attributesChanged);
+  } catch {
+    // A frozen prototype: nothing to do.
+  }
+}
+
+/** A new record for `span`, or null when it publishes no span. */
+function newRecord(span) {
+  sdkResource.onNewSpan(span);
+  observeSpanClass(span);
+  if (span.ended === true) return null;
+  const sc = span.spanContext();
+  if (typeof sc !== 'object' || sc === null) return null;
+  const flags = view.validFlags(sc.traceFlags);
+  const entry = flags < 0 ? view.NO_SPAN : view.entryFromIds(sc.traceId, sc.spanId, flags);
+  if (entry === view.NO_SPAN) return null;
+  const attributes = schema === null ? null : schema.encode(span);
+  const buffer = binding.frameSpanRecord(schema === null ? HEADER_RECORD_SIZE : FULL_RECORD_SIZE);
+  const record = new SpanRecord(buffer, span, entry, schema, attributes);
+  write(record, entry, attributes);
+  return record;
+}
+
+/** Whether `record` still says what its span says (ends it in place if not). */
+function isCurrent(record) {
+  if (record.ended) return true;
+  if (record.span.ended === true) {
+    end(record);
+    return true;
+  }
+  return record.schema === schema && (schema === null || schema.isCurrent(record.attributes));
+}
+
+function end(record) {
+  record.ended = true;
+  record.words[TAIL_INDEX_U32] = 0;
+}
+
+/** The record of `span` (cached on it), or null when it publishes none. */
+function recordOfSpan(span) {
+  if (typeof span !== 'object' || span === null || typeof span.spanContext !== 'function') return null;
+  const cached = span[kRecord];
+  if (cached !== undefined && cached.span === span) {
+    if (isCurrent(cached)) return cached;
+    // Attributes or schema changed: the same record is rewritten when it
+    // has room, so the wrappers over it publish the new attributes too.
+    if (cached.schema === schema && schema !== null) {
+      cached.attributes = schema.encode(span);
+      write(cached, cached.entry, cached.attributes);
+      return cached;
+    }
+  }
+  const record = newRecord(span);
+  if (Object.isExtensible(span)) span[kRecord] = record === null ? undefined : record;
+  return record;
+}
+
+let failureReported = false;
+function reportFailure(error) {
+  if (failureReported) return;
+  failureReported = true;
+  try {
+    diag.warn(`otel-thread-ctx: a context's span could not be read, no span is published for it: ${error}`);
+  } catch {
+    // A throwing diag logger or error: nothing else to report to.
+  }
+}
+
+/** A new wrapper of `context` (cached on it when it can be). */
+function newWrapper(context) {
+  let record = null;
+  try {
+    if (typeof context === 'object' && context !== null && typeof context.getValue === 'function') {
+      record = recordOfSpan(trace.getSpan(context));
+    }
+  } catch (error) {
+    reportFailure(error);
+  }
+  const wrapper = new ContextWrapper(record === null ? noSpan() : record.buffer, context, record);
+  try {
+    if (typeof context === 'object' && context !== null && Object.isExtensible(context)) context[kWrapper] = wrapper;
+  } catch {
+    // A Proxy refusing the property: a new wrapper next time.
+  }
+  return wrapper;
+}
+
+let undefinedWrapper = null;
+let nullWrapper = null;
+
+/**
+ * What the manager's AsyncLocalStorage stores for `context`, any value as
+ * with the stock manager. One cached load and a few checks on the path a
+ * context takes after its first entry. Cannot throw.
+ */
+function wrapperFor(context) {
+  if (context === undefined) return (undefinedWrapper ??= new ContextWrapper(noSpan(), undefined, null));
+  if (context === null) return (nullWrapper ??= new ContextWrapper(noSpan(), null, null));
+  try {
+    const cached = context[kWrapper];
+    if (cached !== undefined && cached.context === context) {
+      const record = cached.record;
+      if (record === null || isCurrent(record)) return cached;
+      // Rewrites the record in place when it can; else a new wrapper.
+      if (recordOfSpan(record.span) === record) return cached;
+    }
+  } catch (error) {
+    reportFailure(error);
+  }
+  return newWrapper(context);
+}
+
+/** The context a stored wrapper stands for (`active()` without the ROOT fallback). */
+function contextOf(store) {
+  return store === undefined ? undefined : store.context;
+}
+
+/** Called as a span ends: its record stops publishing it at once. Cannot throw. */
+function spanEnded(span) {
+  try {
+    const record = span?.[kRecord];
+    if (record !== undefined && record.span === span && !record.ended) end(record);
+  } catch {
+    // A Proxy span: its record ends at the next with().
+  }
+}
+
+/** True when AsyncLocalStorage is implemented with AsyncContextFrame. */
+function usesAsyncContextFrame() {
+  // The async_hooks-based implementation keeps its store under a per-instance
+  // `kResourceStore` key; the AsyncContextFrame one has no own keys.
+  return !Object.prototype.hasOwnProperty.call(new asyncHooks.AsyncLocalStorage(), 'kResourceStore');
+}
+
+/** This thread's discovered offsets, or the reason there are none. */
+let discovered = null;
+
+function only(list, what) {
+  if (list.length !== 1) throw new Error(`${what}: ${list.length} candidates (${list.join(', ')})`);
+  return list[0];
+}
+
+/**
+ * Finds where this isolate keeps the current frame and where a wrapper
+ * keeps its record's address, by walking our own objects inside two nested
+ * runs; keeps only the answers both agree on.
+ */
+function discover() {
+  if (!usesAsyncContextFrame()) {
+    throw new Error('AsyncLocalStorage does not run on AsyncContextFrame here (Node 24+, or 22 with --experimental-async-context-frame)');
+  }
+  const storage = new asyncHooks.AsyncLocalStorage();
+  const outerBuffer = binding.frameSpanRecord(HEADER_RECORD_SIZE);
+  const innerBuffer = binding.frameSpanRecord(HEADER_RECORD_SIZE);
+  const outer = new ContextWrapper(outerBuffer, null, null);
+  const inner = new ContextWrapper(innerBuffer, null, null);
+  let outerSlots = [];
+  let innerSlots = [];
+  storage.run(outer, () => {
+    outerSlots = binding.frameCpedCandidates(storage, outer);
+    storage.run(inner, () => {
+      innerSlots = binding.frameCpedCandidates(storage, inner);
+    });
+  });
+  const cpedOffset = only(outerSlots.filter((o) => innerSlots.includes(o)), 'the isolate\'s frame slot');
+  const outerOffsets = binding.frameRecordOffsetCandidates(outer, outerBuffer);
+  const innerOffsets = binding.frameRecordOffsetCandidates(inner, innerBuffer);
+  const recordOffset = only(outerOffsets.filter((o) => innerOffsets.includes(o)), 'the wrapper\'s record offset');
+  return { cpedOffset, recordOffset };
+}
+
+/**
+ * Whether frame mode works for `storage` on this thread: `{ offsets }`, or
+ * `{ reason }` when it does not. Proves the reader's whole walk for this
+ * very AsyncLocalStorage before anything is published.
+ */
+function availability(storage) {
+  try {
+    discovered ??= (() => {
+      try {
+        return { offsets: discover() };
+      } catch (error) {
+        return { reason: error.message };
+      }
+    })();
+    if (discovered.reason !== undefined) return discovered;
+    const { cpedOffset, recordOffset } = discovered.offsets;
+    const buffer = binding.frameSpanRecord(HEADER_RECORD_SIZE);
+    const probe = new ContextWrapper(buffer, null, null);
+    storage.run(probe, () => binding.frameVerify(storage, buffer, cpedOffset, recordOffset));
+    return discovered;
+  } catch (error) {
+    return { reason: error.message };
+  }
+}
+
+/** Makes `manager` (frame mode, verified) the thread's publisher. */
+function activate(manager) {
+  const { cpedOffset, recordOffset } = discovered.offsets;
+  schema = manager._attributeSchema;
+  binding.framePublish(manager._asyncLocalStorage, cpedOffset, recordOffset);
+}
+
+/** Stops publishing frames on this thread. */
+function deactivate() {
+  schema = null;
+  binding.frameUnpublish();
+}
+
+module.exports = { wrapperFor, contextOf, spanEnded, availability, activate, deactivate, usesAsyncContextFrame };

@@ -1,0 +1,212 @@
+//! The calling thread's frame-mode publication: its
+//! `otel_thread_ctx_nodejs_v1` block, the global handle that keeps the
+//! manager's AsyncLocalStorage findable (GC updates the handle's slot when
+//! it moves the object), and GC callbacks that close the gate while V8
+//! moves objects, so a sample landing inside a moving GC finds no span
+//! rather than a half-moved graph.
+
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_int, c_void};
+
+use napi::sys;
+
+use otel_thread_ctx_abi::node_schema::{untag, ThreadContext, V8Layout, DEFAULT_LAYOUT};
+
+use super::v8::{tagged, v8, Isolate, MOVING_GC_TYPES};
+use super::{tls, walk};
+
+struct Publication {
+    isolate: Isolate,
+    /// The global handle slot (`als_handle`), disposed when replaced.
+    handle: *mut u64,
+    block: ThreadContext,
+    layout: V8Layout,
+}
+
+thread_local! {
+    static PUBLICATION: RefCell<Option<Publication>> = const { RefCell::new(None) };
+    /// The gate's value while it is open, 0 when unpublished: what the GC
+    /// epilogue reopens it to.
+    static OPEN_GATE: Cell<u64> = const { Cell::new(0) };
+}
+
+unsafe extern "C" fn on_gc_start(_: Isolate, _: c_int, _: c_int, _: *mut c_void) {
+    tls::gate(0);
+}
+
+unsafe extern "C" fn on_gc_end(_: Isolate, _: c_int, _: c_int, _: *mut c_void) {
+    tls::gate(OPEN_GATE.with(Cell::get));
+}
+
+/// Publishes the calling thread's block for the AsyncLocalStorage `als`:
+/// its CPED slot at `cped_offset` from the isolate, and wrappers holding
+/// their record address at `record_offset`. Replaces a previous
+/// publication of the thread (another manager taking over). Returns
+/// whether the thread was not publishing before.
+///
+/// # Safety
+/// `env` must be the calling thread's env and `als` a live napi object of
+/// the current callback.
+pub unsafe fn publish(
+    env: sys::napi_env,
+    als: sys::napi_value,
+    cped_offset: u64,
+    record_offset: u64,
+) -> Result<bool, String> {
+    let v8 = v8()?;
+    // SAFETY: per the caller.
+    let (isolate, block) = unsafe { new_block(env, als, cped_offset)? };
+    let layout = V8Layout {
+        js_object_record_offset: record_offset,
+        ..DEFAULT_LAYOUT
+    };
+    let previous = PUBLICATION.with_borrow_mut(|p| {
+        p.replace(Publication {
+            isolate,
+            handle: block.als_handle as *mut u64,
+            block,
+            layout,
+        })
+    });
+    // The store closes the gate before it changes any field, so the old
+    // handle is unreachable from the block before it is disposed below.
+    tls::store(&block);
+    OPEN_GATE.with(|g| g.set(block.cped_slot));
+    let first = previous.is_none();
+    match previous {
+        // SAFETY: the old handle is ours and no longer published.
+        Some(previous) => unsafe { (v8.dispose_global)(previous.handle) },
+        // SAFETY: `isolate` is current; the callbacks only touch this
+        // thread's TLS and are removed in `unpublish`.
+        None => unsafe {
+            (v8.add_gc_prologue)(isolate, on_gc_start, std::ptr::null_mut(), MOVING_GC_TYPES);
+            (v8.add_gc_epilogue)(isolate, on_gc_end, std::ptr::null_mut(), MOVING_GC_TYPES);
+        },
+    }
+    Ok(first)
+}
+
+/// A block for the AsyncLocalStorage `als`, with a new global handle the
+/// caller owns (`als_handle`), and the current isolate.
+///
+/// # Safety
+/// As for [`publish`].
+unsafe fn new_block(
+    env: sys::napi_env,
+    als: sys::napi_value,
+    cped_offset: u64,
+) -> Result<(Isolate, ThreadContext), String> {
+    let v8 = v8()?;
+    // SAFETY: called from a napi callback, on the isolate's thread.
+    let isolate = unsafe { (v8.get_current)() };
+    if isolate.is_null() {
+        return Err("no V8 isolate is current".to_owned());
+    }
+    let mut undefined = std::ptr::null_mut();
+    // SAFETY: a plain napi call on the live env.
+    if unsafe { sys::napi_get_undefined(env, &mut undefined) } != sys::Status::napi_ok {
+        return Err("napi_get_undefined failed".to_owned());
+    }
+    // SAFETY: per the caller; `undefined` is a live value of this scope.
+    let (key, undefined_addr, hash) =
+        unsafe { (tagged(als), tagged(undefined), (v8.identity_hash)(als)) };
+    if untag(key).is_none() || untag(undefined_addr).is_none() {
+        return Err("napi values are not V8 handle slots on this Node".to_owned());
+    }
+    // SAFETY: `isolate` is current and `key` a live tagged object.
+    let handle = unsafe { (v8.globalize)(isolate, key) };
+    if handle.is_null() {
+        return Err("cannot create a global handle".to_owned());
+    }
+    Ok((
+        isolate,
+        ThreadContext {
+            cped_slot: isolate as u64 + cped_offset,
+            als_handle: handle as u64,
+            als_identity_hash: hash,
+            padding: 0,
+            undefined_addr,
+        },
+    ))
+}
+
+/// Walks, as a reader would, a block built for `als` exactly as [`publish`]
+/// builds it, without publishing it: called inside `als.run(wrapper)`, the
+/// walk must end at `record`. Proves the whole chain (handle slot, identity
+/// hash, CPED slot, table layout, record offset) on the running Node.
+///
+/// # Safety
+/// As for [`publish`].
+pub unsafe fn verify(
+    env: sys::napi_env,
+    als: sys::napi_value,
+    cped_offset: u64,
+    record_offset: u64,
+    record: u64,
+) -> Result<(), String> {
+    let v8 = v8()?;
+    // SAFETY: per the caller.
+    let (_, block) = unsafe { new_block(env, als, cped_offset)? };
+    let layout = V8Layout {
+        js_object_record_offset: record_offset,
+        ..DEFAULT_LAYOUT
+    };
+    let found = walk::record(&block, &layout);
+    // SAFETY: the handle was made for this check and is not published.
+    unsafe { (v8.dispose_global)(block.als_handle as *mut u64) };
+    match found {
+        Ok(address) if address == record => Ok(()),
+        Ok(address) => Err(format!(
+            "the walk ended at {address:#x}, not at the span record {record:#x}"
+        )),
+        Err(miss) => Err(format!("the walk found no span record: {}", miss.reason())),
+    }
+}
+
+/// Stops the calling thread's publication: the gate closes first, then the
+/// handle and the GC callbacks go. Returns the layout the thread published
+/// with, or `None` when it published nothing.
+pub fn unpublish() -> Option<V8Layout> {
+    OPEN_GATE.with(|g| g.set(0));
+    tls::gate(0);
+    let publication = PUBLICATION.with_borrow_mut(Option::take)?;
+    tls::store(&ThreadContext::default());
+    let v8 = v8().ok()?;
+    // SAFETY: the handle is ours and unpublished; the isolate is the one
+    // the callbacks were added to, still alive (env teardown runs before
+    // the isolate is disposed).
+    unsafe {
+        (v8.dispose_global)(publication.handle);
+        (v8.remove_gc_prologue)(publication.isolate, on_gc_start, std::ptr::null_mut());
+        (v8.remove_gc_epilogue)(publication.isolate, on_gc_end, std::ptr::null_mut());
+    }
+    Some(publication.layout)
+}
+
+/// The layout the calling thread publishes with, when it publishes.
+pub fn layout() -> Option<V8Layout> {
+    PUBLICATION.with_borrow(|p| p.as_ref().map(|p| p.layout))
+}
+
+/// What a reader finds for the calling thread now: the record address, or
+/// why there is none.
+pub fn walk() -> Result<u64, walk::Miss> {
+    let layout = layout().ok_or(walk::Miss::Closed)?;
+    walk::record(&tls::load(), &layout)
+}
+
+/// What a reader finds for the thread whose block is at `address` (any
+/// thread of this process), with this thread's layout.
+pub fn walk_at(address: u64) -> Result<u64, walk::Miss> {
+    let layout = layout().ok_or(walk::Miss::Closed)?;
+    let mut bytes = [0u8; otel_thread_ctx_abi::node_schema::SIZE];
+    super::memory::read(address, &mut bytes).map_err(|_| walk::Miss::Bad("cannot read the block"))?;
+    // SAFETY: ThreadContext is plain integers, any bit pattern is valid.
+    let block: ThreadContext = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    walk::record(&block, &layout)
+}
+
+/// The block as published (not as read: the gate may be closed in GC).
+pub fn block() -> Option<ThreadContext> {
+    PUBLICATION.with_borrow(|p| p.as_ref().map(|p| p.block))
+}
