@@ -74,7 +74,8 @@ test('js/abi.js is the frozen layout of the contract', () => {
 test('the reader decodes, at the exported offsets, what the package wrote', (t) => {
   const reader = native.readerPath();
   if (reader === null) return t.skip('the reader CLI is not built');
-  const manager = new ProfilingContextManager({ attributes: [ROUTE, TEXT] });
+  // The OTEP 4947 record's ABI: record mode, whatever the default.
+  const manager = new ProfilingContextManager({ attributes: [ROUTE, TEXT], mode: 'record' });
   context.setGlobalContextManager(manager.enable());
   t.after(() => {
     manager.disable();

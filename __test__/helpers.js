@@ -41,6 +41,19 @@ function ownRecordAddress() {
   return require('../js/binding').frameWalk().record ?? null;
 }
 
+/**
+ * What a reader finds for a thread described by its `threadInfo()` (taken
+ * on that thread) while that thread is parked: its OTEP 4947 record (record
+ * mode), or where the Node.js schema's walk from its
+ * `otel_thread_ctx_nodejs_v1` block ends (frame mode), read through
+ * /proc/self/mem. Frame mode's walk is the package's own non-faulting one.
+ */
+function readThreadRecord(info) {
+  if (info.mode !== 'frame') return readRecord('self', info.recordAddress);
+  const { record } = require('../js/binding').frameWalkAt(BigInt(info.frame.tlsAddress));
+  return record == null ? NO_RECORD : readRecord('self', record);
+}
+
 /** The calling thread's published record, read through /proc/self/mem (not through the JS view). */
 function readOwnRecord() {
   const address = ownRecordAddress();
@@ -133,4 +146,4 @@ function readFullRecord(pid, address) {
   }
 }
 
-module.exports = { ROOT, NO_RECORD, ownRecordAddress, readRecord, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited };
+module.exports = { ROOT, NO_RECORD, ownRecordAddress, readThreadRecord, readRecord, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited };

@@ -6,7 +6,16 @@ const assert = require('node:assert');
 const { Worker } = require('node:worker_threads');
 const { once } = require('node:events');
 const { registryStats, threadInfo } = require('..');
-const { readRecord } = require('./helpers');
+const { readRecord, readThreadRecord } = require('./helpers');
+
+/**
+ * After a thread exits, record mode leaves its record invalid (records are
+ * never unmapped); in frame mode the thread's TLS block is gone with the
+ * thread (its gate was closed at teardown), so there is nothing to read.
+ */
+function assertNothingLeft(info, message) {
+  if (info.mode !== 'frame') assert.strictEqual(readRecord('self', info.recordAddress).valid, 0, message);
+}
 
 const WORKER = `
   const { parentPort, workerData } = require('node:worker_threads');
@@ -16,7 +25,7 @@ const WORKER = `
   const sc = { traceId: workerData.traceId, spanId: workerData.spanId, traceFlags: 1 };
   context.with(trace.setSpanContext(context.active(), sc), () => {
     const info = threadInfo();
-    parentPort.postMessage({ tid: info.tid, slot: info.slot, recordAddress: info.recordAddress });
+    parentPort.postMessage({ tid: info.tid, slot: info.slot, recordAddress: info.recordAddress, mode: info.mode, frame: info.frame });
     // Parked inside the span until the test has read the record, then
     // exits from inside it: only teardown can invalidate the record.
     Atomics.wait(workerData.release, 0, 0, 30000);
@@ -49,13 +58,12 @@ test('200 workers started and exited one after another leak no slot', async () =
     const { worker, info, traceId, spanId, release } = await runWorker(i);
     assert.notStrictEqual(info.slot, mainSlot);
     seenSlots.add(info.slot);
-    const live = readRecord('self', info.recordAddress);
+    const live = readThreadRecord(info);
     assert.deepStrictEqual([live.valid, live.traceId, live.spanId], [1, traceId, spanId], `worker ${i} while alive`);
     const exit = once(worker, 'exit');
     release();
     await exit;
-    const after = readRecord('self', info.recordAddress);
-    assert.strictEqual(after.valid, 0, `worker ${i}'s record still valid after exit`);
+    assertNothingLeft(info, `worker ${i}'s record still valid after exit`);
   }
   // V8 finalizes exited workers' record views at teardown; give stragglers a GC.
   for (let i = 0; i < 20 && registryStats().awaitingViewRelease > 0; i++) {
@@ -75,7 +83,7 @@ test('many workers at once each publish their own span', async () => {
     assert.strictEqual(new Set(running.map((r) => r.info.slot)).size, 16, 'distinct slots');
     assert.strictEqual(new Set(running.map((r) => r.info.tid)).size, 16, 'distinct threads');
     for (const { info, traceId, spanId } of running) {
-      const r = readRecord('self', info.recordAddress);
+      const r = readThreadRecord(info);
       assert.deepStrictEqual([r.valid, r.traceId, r.spanId], [1, traceId, spanId]);
     }
     assert.strictEqual(registryStats().attached, 17);
@@ -83,7 +91,7 @@ test('many workers at once each publish their own span', async () => {
     // terminate() while parked: teardown must invalidate a published span.
     await Promise.all(running.map(({ worker }) => worker.terminate()));
   }
-  for (const { info } of running) assert.strictEqual(readRecord('self', info.recordAddress).valid, 0);
+  for (const { info } of running) assertNothingLeft(info, 'a terminated worker left a valid record');
 });
 
 /** Runs GCs until exited workers' views are released (V8 finalizes them lazily). */
@@ -101,7 +109,8 @@ const TERMINATED = `
   context.setGlobalContextManager(new ProfilingContextManager().enable());
   const sc = { traceId: workerData.traceId, spanId: workerData.spanId, traceFlags: 1 };
   context.with(trace.setSpanContext(context.active(), sc), () => {
-    parentPort.postMessage({ recordAddress: threadInfo().recordAddress });
+    const info = threadInfo();
+    parentPort.postMessage({ recordAddress: info.recordAddress, mode: info.mode, frame: info.frame });
     if (workerData.mode === 'wait') Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0);
     else for (;;) Math.sqrt(Math.random());
   });
@@ -120,14 +129,14 @@ test('terminate() at any moment: busy in a span, in Atomics.wait in a span, whil
       // Anywhere from before the script starts to after the addon loaded.
       await new Promise((r) => setTimeout(r, (i * 3) % 20));
     } else {
-      const [{ recordAddress }] = await once(worker, 'message');
-      addresses.push(recordAddress);
-      const r = readRecord('self', recordAddress);
+      const [info] = await once(worker, 'message');
+      addresses.push(info);
+      const r = readThreadRecord(info);
       assert.strictEqual(r.valid, 1, `${mode} worker ${i} publishes its span`);
     }
     await worker.terminate();
   }
-  for (const address of addresses) assert.strictEqual(readRecord('self', address).valid, 0, 'no stale valid record');
+  for (const info of addresses) assertNothingLeft(info, 'no stale valid record');
   await settle();
   const stats = registryStats();
   assert.deepStrictEqual([stats.attached, stats.awaitingViewRelease, stats.free], [1, 0, stats.capacity - 1], 'no leaked slot');

@@ -396,7 +396,7 @@ pub fn frame_walk() -> FrameWalk {
 
 /// The reader's walk from the `otel_thread_ctx_nodejs_v1` block at
 /// `address` (another thread's, from its `threadInfo().frame.tlsAddress`),
-/// with the calling thread's layout: an in-process reader for tests.
+/// with the layout this process publishes: an in-process reader for tests.
 #[napi]
 pub fn frame_walk_at(address: BigInt) -> FrameWalk {
     frame_walk_result(frame::thread::walk_at(address.get_u64().1))

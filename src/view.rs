@@ -12,7 +12,7 @@ use otel_thread_ctx_abi::record::RECORD_SIZE;
 
 /// Set (to anything) to make `get_or_create` fail as it does where the
 /// runtime forbids external buffers, so the fallback writer can be tested.
-const SIMULATE_NO_EXTERNAL_BUFFERS: &str = "OTEL_THREAD_CTX_SIMULATE_NO_EXTERNAL_BUFFERS";
+pub const SIMULATE_NO_EXTERNAL_BUFFERS: &str = "OTEL_THREAD_CTX_SIMULATE_NO_EXTERNAL_BUFFERS";
 
 thread_local! {
     /// Strong reference to this thread's buffer, held until env teardown.

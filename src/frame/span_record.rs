@@ -41,6 +41,9 @@ pub fn size_is_valid(size: usize) -> bool {
 /// `env` must be the calling thread's live napi env; `size` must satisfy
 /// [`size_is_valid`].
 pub unsafe fn create(env: sys::napi_env, size: usize) -> Result<sys::napi_value, sys::napi_status> {
+    if std::env::var_os(crate::view::SIMULATE_NO_EXTERNAL_BUFFERS).is_some() {
+        return Err(sys::Status::napi_no_external_buffers_allowed);
+    }
     // Records need 2-byte alignment (OTEP 4947); calloc gives 16.
     // SAFETY: plain allocation.
     let data = unsafe { libc::calloc(1, size) };

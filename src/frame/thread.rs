@@ -23,6 +23,10 @@ struct Publication {
     layout: V8Layout,
 }
 
+/// The layout the last publishing thread used: the same on every thread of
+/// a process (one V8), kept for walks of other threads' blocks.
+static PROCESS_LAYOUT: std::sync::Mutex<Option<V8Layout>> = std::sync::Mutex::new(None);
+
 thread_local! {
     static PUBLICATION: RefCell<Option<Publication>> = const { RefCell::new(None) };
     /// The gate's value while it is open, 0 when unpublished: what the GC
@@ -60,6 +64,7 @@ pub unsafe fn publish(
         js_object_record_offset: record_offset,
         ..DEFAULT_LAYOUT
     };
+    *PROCESS_LAYOUT.lock().unwrap_or_else(|e| e.into_inner()) = Some(layout);
     let previous = PUBLICATION.with_borrow_mut(|p| {
         p.replace(Publication {
             isolate,
@@ -196,9 +201,12 @@ pub fn walk() -> Result<u64, walk::Miss> {
 }
 
 /// What a reader finds for the thread whose block is at `address` (any
-/// thread of this process), with this thread's layout.
+/// thread of this process), with the process's layout.
 pub fn walk_at(address: u64) -> Result<u64, walk::Miss> {
-    let layout = layout().ok_or(walk::Miss::Closed)?;
+    let layout = PROCESS_LAYOUT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .ok_or(walk::Miss::Closed)?;
     let mut bytes = [0u8; otel_thread_ctx_abi::node_schema::SIZE];
     super::memory::read(address, &mut bytes).map_err(|_| walk::Miss::Bad("cannot read the block"))?;
     // SAFETY: ThreadContext is plain integers, any bit pattern is valid.
