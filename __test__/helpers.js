@@ -54,6 +54,26 @@ function readThreadRecord(info) {
   return record == null ? NO_RECORD : readRecord('self', record);
 }
 
+/**
+ * What a profiler reads for thread `th` (`{ tid, mode, recordAddress }` as
+ * the target printed them) of process `pid`, from outside: the OTEP 4947
+ * record through /proc/<pid>/mem in record mode; in frame mode, what the
+ * reader CLI's walk of the Node.js schema finds (`inspect --json`), with
+ * `reason` saying why there is no span.
+ */
+function readFromOutside(pid, th) {
+  if (th.mode !== 'frame') return readRecord(pid, th.recordAddress);
+  const reader = require('../js/native').readerPath();
+  if (reader === null) throw new Error('the reader CLI is not built (npm run build)');
+  const r = require('node:child_process').spawnSync(reader, ['inspect', '--pid', String(pid), '--json'], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`inspect failed: ${r.stderr}`);
+  const entry = JSON.parse(r.stdout).threads.find((x) => x.tid === Number(th.tid));
+  if (entry === undefined) throw new Error(`thread ${th.tid} is not in the reader's report`);
+  if (entry.status !== 'valid') return { ...NO_RECORD, reason: entry.no_span_reason ?? entry.status };
+  const { record } = entry;
+  return { valid: record.valid, traceId: record.trace_id, spanId: record.span_id, traceFlags: record.trace_flags, attrsDataSize: record.attrs_data_size, reason: null };
+}
+
 /** The calling thread's published record, read through /proc/self/mem (not through the JS view). */
 function readOwnRecord() {
   const address = ownRecordAddress();
@@ -146,4 +166,4 @@ function readFullRecord(pid, address) {
   }
 }
 
-module.exports = { ROOT, NO_RECORD, ownRecordAddress, readThreadRecord, readRecord, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited };
+module.exports = { ROOT, NO_RECORD, ownRecordAddress, readThreadRecord, readFromOutside, readRecord, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited };
