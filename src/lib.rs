@@ -287,13 +287,16 @@ pub fn frame_span_records() -> u32 {
 #[napi]
 pub fn frame_cped_candidates(storage: Object, wrapper: Object) -> Result<Vec<u32>> {
     // SAFETY: both are live objects of this callback.
-    unsafe { frame::discovery::cped_candidates(storage.raw(), wrapper.raw()) }
-        .or_else(frame_error)
+    unsafe { frame::discovery::cped_candidates(storage.raw(), wrapper.raw()) }.or_else(frame_error)
 }
 
 /// Offsets in `wrapper` of the words equal to `buffer`'s data address.
 #[napi]
-pub fn frame_record_offset_candidates(env: &Env, wrapper: Object, buffer: Unknown) -> Result<Vec<u32>> {
+pub fn frame_record_offset_candidates(
+    env: &Env,
+    wrapper: Object,
+    buffer: Unknown,
+) -> Result<Vec<u32>> {
     // SAFETY: live handles of this callback.
     let Some(address) = (unsafe { frame::span_record::address(env.raw(), buffer.raw()) }) else {
         return args::type_error(env, "The \"buffer\" argument must be an ArrayBuffer");
@@ -334,7 +337,12 @@ pub fn frame_verify(
 /// AsyncLocalStorage `storage` (replacing a previous one), and announces the
 /// Node.js schema in the process context.
 #[napi]
-pub fn frame_publish(env: &Env, storage: Object, cped_offset: u32, record_offset: u32) -> Result<()> {
+pub fn frame_publish(
+    env: &Env,
+    storage: Object,
+    cped_offset: u32,
+    record_offset: u32,
+) -> Result<()> {
     // SAFETY: `storage` is a live object of this callback on this env.
     let first = unsafe {
         frame::thread::publish(

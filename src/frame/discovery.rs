@@ -46,7 +46,10 @@ fn words(address: u64, len: usize) -> Vec<u64> {
 /// # Safety
 /// `als` and `wrapper` must be live napi values of the current callback,
 /// `als` an object.
-pub unsafe fn cped_candidates(als: sys::napi_value, wrapper: sys::napi_value) -> Result<Vec<u32>, String> {
+pub unsafe fn cped_candidates(
+    als: sys::napi_value,
+    wrapper: sys::napi_value,
+) -> Result<Vec<u32>, String> {
     let v8 = v8()?;
     // SAFETY: called from a napi callback, on the isolate's thread.
     let isolate = unsafe { (v8.get_current)() } as u64;

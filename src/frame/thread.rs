@@ -208,7 +208,8 @@ pub fn walk_at(address: u64) -> Result<u64, walk::Miss> {
         .unwrap_or_else(|e| e.into_inner())
         .ok_or(walk::Miss::Closed)?;
     let mut bytes = [0u8; otel_thread_ctx_abi::node_schema::SIZE];
-    super::memory::read(address, &mut bytes).map_err(|_| walk::Miss::Bad("cannot read the block"))?;
+    super::memory::read(address, &mut bytes)
+        .map_err(|_| walk::Miss::Bad("cannot read the block"))?;
     // SAFETY: ThreadContext is plain integers, any bit pattern is valid.
     let block: ThreadContext = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
     walk::record(&block, &layout)

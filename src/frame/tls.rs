@@ -56,7 +56,13 @@ mod tests {
         assert_eq!(other.0, ThreadContext::default());
         assert_ne!(other.1, address());
         gate(0);
-        assert_eq!(load(), ThreadContext { cped_slot: 0, ..block });
+        assert_eq!(
+            load(),
+            ThreadContext {
+                cped_slot: 0,
+                ..block
+            }
+        );
         store(&ThreadContext::default());
     }
 

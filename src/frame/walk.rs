@@ -104,7 +104,8 @@ pub fn wrapper(block: &ThreadContext, layout: &V8Layout) -> Result<u64, Miss> {
 
 /// The record address a reader finds for a thread whose block is `block`.
 pub fn record(block: &ThreadContext, layout: &V8Layout) -> Result<u64, Miss> {
-    let wrapper = untag(wrapper(block, layout)?).ok_or(Miss::Bad("the store is not a heap object"))?;
+    let wrapper =
+        untag(wrapper(block, layout)?).ok_or(Miss::Bad("the store is not a heap object"))?;
     word(
         wrapper + layout.js_object_record_offset,
         "cannot read the wrapper's record address",
@@ -167,16 +168,34 @@ mod tests {
     fn follows_the_chain_of_the_hash_bucket() {
         let fake = FakeMap::new(&[(0x1001, 0x2001), (0x3001, 0x4001)], 1);
         assert!(!fake.table.is_empty());
-        assert_eq!(find_in_frame(fake.tagged(), 0x1001, 3, &DEFAULT_LAYOUT), Ok(0x2001));
-        assert_eq!(find_in_frame(fake.tagged(), 0x3001, 1, &DEFAULT_LAYOUT), Ok(0x4001));
-        assert_eq!(find_in_frame(fake.tagged(), 0x1001, 2, &DEFAULT_LAYOUT), Err(Miss::NoEntry));
-        assert_eq!(find_in_frame(fake.tagged(), 0x5001, 1, &DEFAULT_LAYOUT), Err(Miss::NoEntry));
+        assert_eq!(
+            find_in_frame(fake.tagged(), 0x1001, 3, &DEFAULT_LAYOUT),
+            Ok(0x2001)
+        );
+        assert_eq!(
+            find_in_frame(fake.tagged(), 0x3001, 1, &DEFAULT_LAYOUT),
+            Ok(0x4001)
+        );
+        assert_eq!(
+            find_in_frame(fake.tagged(), 0x1001, 2, &DEFAULT_LAYOUT),
+            Err(Miss::NoEntry)
+        );
+        assert_eq!(
+            find_in_frame(fake.tagged(), 0x5001, 1, &DEFAULT_LAYOUT),
+            Err(Miss::NoEntry)
+        );
     }
 
     #[test]
     fn a_smi_or_garbage_frame_is_no_span() {
-        assert_eq!(find_in_frame(smi_word(7), 1, 1, &DEFAULT_LAYOUT), Err(Miss::NoFrame));
-        assert!(matches!(find_in_frame(0x11, 1, 1, &DEFAULT_LAYOUT), Err(Miss::Bad(_))));
+        assert_eq!(
+            find_in_frame(smi_word(7), 1, 1, &DEFAULT_LAYOUT),
+            Err(Miss::NoFrame)
+        );
+        assert!(matches!(
+            find_in_frame(0x11, 1, 1, &DEFAULT_LAYOUT),
+            Err(Miss::Bad(_))
+        ));
     }
 
     #[test]

@@ -1,0 +1,205 @@
+'use strict';
+// Frame mode (the Node.js schema nodejs_v1_dev): chosen where
+// AsyncLocalStorage runs on AsyncContextFrame and the walk verifies, record
+// mode otherwise; no hook of any kind runs; the walk from the thread's
+// otel_thread_ctx_nodejs_v1 block ends at the active span's record across
+// await; records are freed once nothing reaches them.
+const test = require('node:test');
+const assert = require('node:assert');
+const { spawnSync } = require('node:child_process');
+const { context, ROOT_CONTEXT } = require('@opentelemetry/api');
+const { ProfilingContextManager, threadInfo } = require('..');
+const binding = require('../js/binding');
+const { usesAsyncContextFrame } = require('../js/publish/frame');
+const { ROOT, readOwnRecord, spanContextFor } = require('./helpers');
+
+const FRAME = usesAsyncContextFrame();
+const frameOnly = { skip: !FRAME && 'AsyncLocalStorage does not run on AsyncContextFrame on this Node' };
+
+/** Runs `source` in a child of this Node (cwd: the package) and returns its JSON output. */
+function runChild(source, { env = {}, args = [] } = {}) {
+  const r = spawnSync(process.execPath, [...args, '-e', source], { cwd: ROOT, env: { ...process.env, ...env }, encoding: 'utf8', timeout: 60000 });
+  assert.strictEqual(r.status, 0, r.stderr);
+  return JSON.parse(r.stdout.trim().split('\n').pop());
+}
+
+test('the default mode is frame where AsyncLocalStorage runs on AsyncContextFrame, record elsewhere, with the reason', () => {
+  const manager = new ProfilingContextManager();
+  assert.strictEqual(manager.mode, FRAME ? 'frame' : 'record');
+  context.setGlobalContextManager(manager.enable());
+  try {
+    const info = threadInfo();
+    assert.strictEqual(info.mode, manager.mode);
+    if (FRAME) {
+      assert.strictEqual(info.frameUnavailableReason, null);
+      assert.notStrictEqual(info.frame, null);
+      assert.ok(info.frame.cpedSlot > 0n && info.frame.alsHandle > 0n);
+    } else {
+      assert.match(info.frameUnavailableReason, /AsyncContextFrame/);
+    }
+  } finally {
+    manager.disable();
+    context.disable();
+  }
+  assert.strictEqual(threadInfo().mode, null);
+  assert.strictEqual(threadInfo().frame ?? null, null, 'disable() closes the gate and clears the block');
+});
+
+test('the mode option and OTEL_THREAD_CTX_MODE choose; bad options throw', () => {
+  assert.strictEqual(new ProfilingContextManager({ mode: 'record' }).mode, 'record');
+  assert.strictEqual(new ProfilingContextManager({ mode: 'frame' }).mode, FRAME ? 'frame' : 'record');
+  assert.throws(() => new ProfilingContextManager({ mode: 'fast' }), RangeError);
+  assert.throws(() => new ProfilingContextManager({ mode: 1 }), TypeError);
+  const source = `
+    const { diag } = require('@opentelemetry/api');
+    const warnings = [];
+    diag.setLogger({ warn: (m) => warnings.push(m), error() {}, info() {}, debug() {}, verbose() {} });
+    const { ProfilingContextManager } = require('.');
+    console.log(JSON.stringify({ mode: new ProfilingContextManager().mode, option: new ProfilingContextManager({ mode: 'frame' }).mode, warnings }));`;
+  const record = runChild(source, { env: { OTEL_THREAD_CTX_MODE: 'record' } });
+  assert.deepStrictEqual([record.mode, record.option], ['record', FRAME ? 'frame' : 'record'], 'the option wins over the variable');
+  const bad = runChild(source, { env: { OTEL_THREAD_CTX_MODE: 'turbo' } });
+  assert.strictEqual(bad.mode, FRAME ? 'frame' : 'record');
+  assert.ok(bad.warnings.some((w) => /OTEL_THREAD_CTX_MODE=turbo/.test(w)), JSON.stringify(bad.warnings));
+});
+
+test('frame mode enables no async hook and no promise hook, and keeps the span across await', frameOnly, () => {
+  const out = runChild(`
+    const asyncHooks = require('node:async_hooks');
+    const v8 = require('node:v8');
+    const enabled = [];
+    const createHook = asyncHooks.createHook;
+    asyncHooks.createHook = (callbacks) => {
+      const hook = createHook(callbacks);
+      const enable = hook.enable.bind(hook);
+      hook.enable = () => (enabled.push('async_hooks'), enable());
+      return hook;
+    };
+    for (const name of ['onInit', 'onBefore', 'onAfter', 'onSettled', 'createHook']) {
+      const original = v8.promiseHooks[name];
+      v8.promiseHooks[name] = (...a) => (enabled.push('promiseHooks.' + name), original(...a));
+    }
+    const { context, trace, ROOT_CONTEXT } = require('@opentelemetry/api');
+    const { ProfilingContextManager, threadInfo } = require('.');
+    const binding = require('./js/binding');
+    context.setGlobalContextManager(new ProfilingContextManager().enable());
+    const hex = (h) => Buffer.from(h).toString('hex');
+    const walked = () => { const w = binding.frameWalk(); return w.header && w.header[24] === 1 ? hex(w.header.subarray(16, 24)) : null; };
+    const spans = ['1111111111111111', '2222222222222222'];
+    (async () => {
+      const seen = await Promise.all(spans.map((spanId) =>
+        context.with(trace.setSpanContext(ROOT_CONTEXT, { traceId: 'ab'.repeat(16), spanId, traceFlags: 1 }), async () => {
+          const before = walked();
+          await null;
+          await new Promise((r) => setTimeout(r, 5));
+          const afterTimer = walked();
+          await new Promise((r) => setImmediate(r));
+          return { spanId, before, afterTimer, afterImmediate: walked() };
+        })));
+      console.log(JSON.stringify({ mode: threadInfo().mode, enabled, seen, outside: walked() }));
+    })();`);
+  assert.strictEqual(out.mode, 'frame');
+  assert.deepStrictEqual(out.enabled, [], 'no hook was enabled');
+  for (const s of out.seen) assert.deepStrictEqual(s, { spanId: s.spanId, before: s.spanId, afterTimer: s.spanId, afterImmediate: s.spanId });
+  assert.strictEqual(out.outside, null);
+});
+
+test('the walk finds exactly the active span: nested, attach/dispose, bind, ended, and no span at the root', frameOnly, async () => {
+  const manager = new ProfilingContextManager();
+  context.setGlobalContextManager(manager.enable());
+  try {
+    const a = spanContextFor('frame-a');
+    const b = spanContextFor('frame-b');
+    const ids = () => {
+      const r = readOwnRecord();
+      return r.valid === 1 ? r.spanId : null;
+    };
+    assert.strictEqual(ids(), null, 'root');
+    context.with(a.ctx, () => {
+      assert.strictEqual(ids(), a.spanContext.spanId);
+      context.with(b.ctx, () => assert.strictEqual(ids(), b.spanContext.spanId));
+      assert.strictEqual(ids(), a.spanContext.spanId);
+      context.with(ROOT_CONTEXT, () => assert.strictEqual(ids(), null));
+      const token = manager.attach(b.ctx);
+      assert.strictEqual(ids(), b.spanContext.spanId);
+      assert.strictEqual(context.active(), b.ctx);
+      token.dispose();
+      assert.strictEqual(ids(), a.spanContext.spanId);
+      assert.strictEqual(context.active(), a.ctx);
+    });
+    const bound = context.bind(b.ctx, () => ids());
+    assert.strictEqual(bound(), b.spanContext.spanId);
+    await context.with(a.ctx, async () => {
+      await null;
+      assert.strictEqual(ids(), a.spanContext.spanId, 'after await');
+    });
+  } finally {
+    manager.disable();
+    context.disable();
+  }
+});
+
+test('span records are freed once nothing reaches them, and none is made per switch', { ...frameOnly, skip: frameOnly.skip || (typeof globalThis.gc !== 'function' && 'needs --expose-gc') }, async () => {
+  const manager = new ProfilingContextManager();
+  context.setGlobalContextManager(manager.enable());
+  try {
+    const settle = async () => {
+      for (let i = 0; i < 10; i++) {
+        globalThis.gc();
+        await new Promise((r) => setImmediate(r));
+      }
+    };
+    await settle();
+    const before = binding.frameSpanRecords();
+    const held = spanContextFor('held');
+    for (let i = 0; i < 2000; i++) context.with(held.ctx, () => {});
+    assert.ok(binding.frameSpanRecords() - before <= 1, 'switching into one span makes at most its one record');
+    for (let i = 0; i < 5000; i++) {
+      const { ctx } = spanContextFor(`churn${i}`);
+      context.with(ctx, () => {});
+    }
+    await settle();
+    assert.ok(binding.frameSpanRecords() - before < 100, `records left: ${binding.frameSpanRecords() - before}`);
+  } finally {
+    manager.disable();
+    context.disable();
+  }
+});
+
+test('a thread blocked in Atomics.wait inside a span publishes it; an idle thread publishes none (read from another thread)', frameOnly, async () => {
+  const { Worker } = require('node:worker_threads');
+  const flag = new Int32Array(new SharedArrayBuffer(8));
+  // The worker parks inside a span, then idles; this thread walks its block.
+  const worker = new Worker(`
+    const { parentPort, workerData } = require('node:worker_threads');
+    const { context, trace, ROOT_CONTEXT } = require('@opentelemetry/api');
+    const { ProfilingContextManager, threadInfo } = require(workerData.root);
+    context.setGlobalContextManager(new ProfilingContextManager().enable());
+    const sc = { traceId: 'cd'.repeat(16), spanId: '3333333333333333', traceFlags: 1 };
+    context.with(trace.setSpanContext(ROOT_CONTEXT, sc), () => {
+      const info = threadInfo();
+      parentPort.postMessage({ mode: info.mode, tls: info.frame.tlsAddress });
+      Atomics.wait(workerData.flag, 0, 0);
+    });
+    parentPort.postMessage({ idle: true });
+    setInterval(() => {}, 1 << 30);
+  `, { eval: true, workerData: { root: ROOT, flag } });
+  try {
+    const [{ mode, tls }] = await require('node:events').once(worker, 'message');
+    assert.strictEqual(mode, 'frame');
+    await new Promise((r) => setTimeout(r, 50));
+    const parked = binding.frameWalkAt(tls);
+    assert.ok(parked.header, parked.reason);
+    assert.strictEqual(Buffer.from(parked.header.subarray(16, 24)).toString('hex'), '3333333333333333');
+    assert.strictEqual(parked.header[24], 1);
+    Atomics.store(flag, 0, 1);
+    Atomics.notify(flag, 0);
+    await require('node:events').once(worker, 'message');
+    await new Promise((r) => setTimeout(r, 100));
+    const idle = binding.frameWalkAt(tls);
+    assert.strictEqual(idle.record ?? null, null, 'an idle thread publishes no span');
+    assert.match(idle.reason, /no AsyncContextFrame is current/);
+  } finally {
+    await worker.terminate();
+  }
+});
