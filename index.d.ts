@@ -39,9 +39,23 @@ export declare class ProfilingContextManager extends AsyncLocalStorageContextMan
    *   published the next time a context holding the span is entered
    *   (`with()`) or resumed (a callback starts in it) on the thread.
    * @throws {TypeError} when `options` is not an object or `attributes` is not an array of strings.
-   * @throws {RangeError} when `attributes` has an empty or repeated key, or more than 256 keys.
+   * @throws {RangeError} when `attributes` has an empty or repeated key, or more than 256 keys,
+   *   or `mode` is a string other than `'record'` and `'frame'` (TypeError when not a string).
    */
-  constructor(options?: { attributes?: string[] });
+  constructor(options?: {
+    attributes?: string[];
+    /**
+     * How this manager publishes (README, "Publishing modes"): `'frame'`
+     * (the Node.js schema `nodejs_v1_dev`, no work per async switch; only
+     * where AsyncLocalStorage runs on AsyncContextFrame and the reader's walk
+     * verifies on the running Node, else record mode with the reason) or
+     * `'record'` (the OTEP 4947 record). Default: `OTEL_THREAD_CTX_MODE`
+     * when set to one of these, else frame where it verifies, else record.
+     */
+    mode?: 'record' | 'frame';
+  });
+  /** The mode this manager publishes in: `'frame'` or `'record'`. */
+  readonly mode: 'record' | 'frame';
   /**
    * Starts publishing on the calling thread, unless another enabled manager
    * is the API's global context manager (that one keeps publishing). The
@@ -110,6 +124,28 @@ export interface ThreadInfo {
    * be told (not glibc, not x86-64).
    */
   tlsModel: 'static' | 'dynamic' | 'unknown';
+  /** The mode of the manager publishing on this thread; `null` while none is enabled. */
+  mode: 'record' | 'frame' | null;
+  /** Why the publishing manager is not in frame mode (`null` in frame mode or before any manager published). */
+  frameUnavailableReason: string | null;
+  /** This thread's `otel_thread_ctx_nodejs_v1` block while it publishes in frame mode, else `null`. */
+  frame: FrameInfo | null;
+}
+
+/** A thread's frame-mode discovery block (the Node.js schema `nodejs_v1_dev`). */
+export interface FrameInfo {
+  /** Address of this thread's `otel_thread_ctx_nodejs_v1` TLS variable. */
+  tlsAddress: bigint;
+  /** Address of the isolate's slot holding the current AsyncContextFrame. */
+  cpedSlot: bigint;
+  /** Address of the global handle slot holding the manager's AsyncLocalStorage. */
+  alsHandle: bigint;
+  /** That AsyncLocalStorage's identity hash. */
+  alsIdentityHash: number;
+  /** This isolate's tagged `undefined`. */
+  undefinedAddr: bigint;
+  /** Where a wrapper object holds its record's address (published as `threadlocal.js_object_record_offset`). */
+  jsObjectRecordOffset: number;
 }
 
 /** Diagnostics for the calling thread. */

@@ -14,7 +14,7 @@ const processContext = require('./js/process-context');
  */
 function threadInfo() {
   const { mode, frameUnavailableReason } = publishingMode();
-  return { ...binding.threadInfo(), mode, frameUnavailableReason, frame: binding.frameInfo() };
+  return { ...binding.threadInfo(), mode, frameUnavailableReason, frame: binding.frameInfo() ?? null };
 }
 
 module.exports = {

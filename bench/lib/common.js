@@ -21,7 +21,9 @@ function report(result) {
 
 /**
  * Creates, enables and installs as global the context manager of `kind`:
- * 'ours' (ProfilingContextManager), 'stock' (AsyncLocalStorageContextManager),
+ * 'ours' (ProfilingContextManager in its default mode: frame where
+ * AsyncLocalStorage runs on AsyncContextFrame, else record), 'record' (ours
+ * in record mode), 'stock' (AsyncLocalStorageContextManager),
  * 'floor' (stock plus our continuation hooks with empty bodies and our
  * with() shape with empty publishing, bench/lib/floor.js), 'store' (the
  * same with hooks only reading the stock store), 'write' (the same, with
@@ -46,6 +48,8 @@ function createManager(kind) {
   switch (kind) {
     case 'ours':
       return new (require(ROOT).ProfilingContextManager)();
+    case 'record':
+      return new (require(ROOT).ProfilingContextManager)({ mode: 'record' });
     case 'floor':
       return new (require('./floor').FloorContextManager)();
     case 'store':

@@ -24,8 +24,8 @@ const turnsDifference = (phase, a, b) => (r) =>
   pairedMedian(r[a][`${phase}Turns`], r[b][`${phase}Turns`], { difference: true });
 
 /** The variants of the suites that take turns in one process (bench/lib/turns.js). */
-const SYNC_VARIANTS = ['stock', 'ours'];
-const INTERLEAVE_VARIANTS = ['stock', 'floor', 'store', 'write', 'ours'];
+const SYNC_VARIANTS = ['stock', 'ours', 'record'];
+const INTERLEAVE_VARIANTS = ['stock', 'floor', 'store', 'write', 'ours', 'record'];
 
 const sync = {
   name: 'sync',
@@ -40,6 +40,12 @@ const sync = {
       unit: 'ns+',
       value: turnsDifference('flat', 'ours', 'stock'),
       target: { n20: 15, n24: 15 },
+    },
+    {
+      label: 'sync context.with() added time per call, record mode (record − stock)',
+      unit: 'ns+',
+      value: turnsDifference('flat', 'record', 'stock'),
+      target: null,
     },
     {
       label: 'sync context.with() nested 3 deep, added time per with()',
@@ -100,6 +106,12 @@ const interleave = {
       target: { n20: 15, n24: 15 },
     },
     {
+      label: 'with() cycling 16 SDK spans, record mode added time (record − stock)',
+      unit: 'ns+',
+      value: turnsDifference('with', 'record', 'stock'),
+      target: null,
+    },
+    {
       label: 'with() cycling 16 SDK spans, the floor\'s added time (floor − stock)',
       unit: 'ns+',
       value: turnsDifference('with', 'floor', 'stock'),
@@ -116,6 +128,18 @@ const interleave = {
       unit: 'ratio',
       value: turnsRatio('await', 'ours', 'floor'),
       target: { n20: 1.1, n24: 1.1 },
+    },
+    {
+      label: 'bare await, 16 interleaved SDK spans (ours/stock)',
+      unit: 'ratio',
+      value: turnsRatio('await', 'ours', 'stock'),
+      target: { n24: 1.02 },
+    },
+    {
+      label: 'bare await, 16 interleaved SDK spans, record mode (record/stock)',
+      unit: 'ratio',
+      value: turnsRatio('await', 'record', 'stock'),
+      target: null,
     },
     {
       label: 'bare await, 16 interleaved SDK spans (floor/stock)',
