@@ -256,14 +256,17 @@ fn frame_error<T>(message: String) -> Result<T> {
     Err(Error::new(Status::GenericFailure, message))
 }
 
-/// A zeroed span record of `size` bytes as an external `ArrayBuffer`, freed
-/// when V8 finalizes the buffer.
+/// A zeroed slab of `size` bytes for span records, as an external
+/// `ArrayBuffer`, freed when V8 finalizes the buffer.
 #[napi]
 pub fn frame_span_record(env: &Env, size: u32) -> Result<Object<'_>> {
     if !frame::span_record::size_is_valid(size as usize) {
         return args::range_error(
             env,
-            &format!("a span record is {HEADER_SIZE} to {RECORD_SIZE} bytes"),
+            &format!(
+                "a span record slab is {HEADER_SIZE} to {} bytes",
+                frame::span_record::MAX_SLAB_BYTES
+            ),
         );
     }
     // SAFETY: `env` is this callback's env and the size was checked.
@@ -276,7 +279,7 @@ pub fn frame_span_record(env: &Env, size: u32) -> Result<Object<'_>> {
     }
 }
 
-/// Span records allocated and not yet finalized, process-wide.
+/// Span record slabs allocated and not yet finalized, process-wide.
 #[napi]
 pub fn frame_span_records() -> u32 {
     frame::span_record::live() as u32
@@ -305,21 +308,23 @@ pub fn frame_record_offset_candidates(
     Ok(unsafe { frame::discovery::record_offset_candidates(wrapper.raw(), address) })
 }
 
-/// Inside `storage.run(wrapper)`, where `wrapper` views `buffer`: walks a
-/// block for `storage` as a reader would (without publishing it) and
-/// throws unless the walk ends at `buffer`'s record.
+/// Inside `storage.run(wrapper)`, where `wrapper` views the record at
+/// `byte_offset` in `buffer`: walks a block for `storage` as a reader would
+/// (without publishing it) and throws unless the walk ends at that record.
 #[napi]
 pub fn frame_verify(
     env: &Env,
     storage: Object,
     buffer: Unknown,
+    byte_offset: u32,
     cped_offset: u32,
     record_offset: u32,
 ) -> Result<()> {
     // SAFETY: live handles of this callback.
-    let Some(record) = (unsafe { frame::span_record::address(env.raw(), buffer.raw()) }) else {
+    let Some(address) = (unsafe { frame::span_record::address(env.raw(), buffer.raw()) }) else {
         return args::type_error(env, "The \"buffer\" argument must be an ArrayBuffer");
     };
+    let record = address + u64::from(byte_offset);
     // SAFETY: as above.
     unsafe {
         frame::thread::verify(

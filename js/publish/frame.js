@@ -14,8 +14,10 @@
 //   first entered, and in place afterwards: `valid = 0` when the span ends
 //   (ProcessContextSpanProcessor.onEnd, or the SDK's `ended` seen at the
 //   next `with()`), new attributes when a `with()` finds them changed;
-// - a record is native memory behind an external ArrayBuffer, freed by the
-//   buffer's finalizer, so never while a frame can still reach a wrapper;
+// - records are carved out of slabs of native memory, each behind an
+//   external ArrayBuffer (no napi call per span); a slab is freed by its
+//   buffer's finalizer, so never while a frame can still reach a wrapper
+//   over any of its records;
 // - nothing is published before the whole walk was done in-process over
 //   our own objects and ended at the expected record (see `availability`).
 
@@ -28,15 +30,20 @@ const sdkResource = require('../sdk-resource');
 
 const { offsets } = abi.record;
 const TAIL_INDEX_U32 = offsets.valid / 4;
-const HEADER_WORDS = Math.ceil(abi.record.headerSize / 4);
-/** A record without attributes, rounded up to whole words. */
-const HEADER_RECORD_SIZE = HEADER_WORDS * 4;
+/** Record sizes are multiples of this, so every record starts 32-byte aligned. */
+const RECORD_ALIGN = 32;
+/** A record without attributes, rounded up to the record alignment. */
+const HEADER_RECORD_SIZE = Math.ceil(abi.record.headerSize / RECORD_ALIGN) * RECORD_ALIGN;
 const FULL_RECORD_SIZE = abi.record.size;
+
+/** Bytes per slab of records: one napi call and one finalizer per this many bytes of spans. */
+const SLAB_BYTES = 16384;
 
 /** What the manager's AsyncLocalStorage stores: the context, over its span's record. */
 class ContextWrapper extends Uint8Array {
-  constructor(buffer, context, record) {
-    super(buffer);
+  /** `buffer`, `byteOffset`, `length`: the record's bytes; its address ends up at the offset readers use. */
+  constructor(buffer, byteOffset, length, context, record) {
+    super(buffer, byteOffset, length);
     /** The context given to with()/attach(), as active() returns it. */
     this.context = context;
     /** The SpanRecord this wrapper views, or null (no span). */
@@ -46,9 +53,11 @@ class ContextWrapper extends Uint8Array {
 
 /** A span's native record and what was written into it. */
 class SpanRecord {
-  constructor(buffer, span, entry, schema, attributes) {
+  constructor(buffer, byteOffset, size, span, entry, schema, attributes) {
     this.buffer = buffer;
-    this.words = new Uint32Array(buffer);
+    this.byteOffset = byteOffset;
+    this.size = size;
+    this.words = new Uint32Array(buffer, byteOffset, size / 4);
     this.span = span;
     /** record-view's entry: the ids as words, flags, tail word. */
     this.entry = entry;
@@ -68,11 +77,31 @@ const kRecord = Symbol('otel-thread-ctx.record');
 /** The publishing manager's AttributeSchema (null: no attributes). */
 let schema = null;
 
+/** The slab records are carved from now, and how much of it is used. */
+let slab = null;
+let slabUsed = 0;
+
+/** A zeroed record of `size` bytes (a multiple of RECORD_ALIGN): [buffer, byteOffset]. */
+function allocate(size) {
+  if (slab === null || slabUsed + size > SLAB_BYTES) {
+    slab = binding.frameSpanRecord(SLAB_BYTES);
+    slabUsed = 0;
+  }
+  const byteOffset = slabUsed;
+  slabUsed += size;
+  return [slab, byteOffset];
+}
+
 /** This thread's record of "no span" (valid = 0, never written). */
 let noSpanBuffer = null;
 function noSpan() {
   noSpanBuffer ??= binding.frameSpanRecord(HEADER_RECORD_SIZE);
   return noSpanBuffer;
+}
+
+/** A wrapper of `context` over the no-span record. */
+function noSpanWrapper(context) {
+  return new ContextWrapper(noSpan(), 0, HEADER_RECORD_SIZE, context, null);
 }
 
 function write(record, entry, attributes) {
@@ -89,7 +118,7 @@ function write(record, entry, attributes) {
   words[5] = entry.w5;
   let tail = entry.tail;
   if (attributes !== null && attributes.bytes.length !== 0) {
-    new Uint8Array(record.buffer).set(attributes.bytes, offsets.attrsData);
+    new Uint8Array(record.buffer, record.byteOffset, record.size).set(attributes.bytes, offsets.attrsData);
     tail = view.tailWord(entry.traceFlags, attributes.bytes.length);
   }
   words[TAIL_INDEX_U32] = tail;
@@ -154,8 +183,9 @@ function newRecord(span) {
   const entry = flags < 0 ? view.NO_SPAN : view.entryFromIds(sc.traceId, sc.spanId, flags);
   if (entry === view.NO_SPAN) return null;
   const attributes = schema === null ? null : schema.encode(span);
-  const buffer = binding.frameSpanRecord(schema === null ? HEADER_RECORD_SIZE : FULL_RECORD_SIZE);
-  const record = new SpanRecord(buffer, span, entry, schema, attributes);
+  const size = schema === null ? HEADER_RECORD_SIZE : FULL_RECORD_SIZE;
+  const [buffer, byteOffset] = allocate(size);
+  const record = new SpanRecord(buffer, byteOffset, size, span, entry, schema, attributes);
   write(record, entry, attributes);
   return record;
 }
@@ -215,7 +245,8 @@ function newWrapper(context) {
   } catch (error) {
     reportFailure(error);
   }
-  const wrapper = new ContextWrapper(record === null ? noSpan() : record.buffer, context, record);
+  const wrapper =
+    record === null ? noSpanWrapper(context) : new ContextWrapper(record.buffer, record.byteOffset, record.size, context, record);
   try {
     if (typeof context === 'object' && context !== null && Object.isExtensible(context)) context[kWrapper] = wrapper;
   } catch {
@@ -233,8 +264,8 @@ let nullWrapper = null;
  * context takes after its first entry. Cannot throw.
  */
 function wrapperFor(context) {
-  if (context === undefined) return (undefinedWrapper ??= new ContextWrapper(noSpan(), undefined, null));
-  if (context === null) return (nullWrapper ??= new ContextWrapper(noSpan(), null, null));
+  if (context === undefined) return (undefinedWrapper ??= noSpanWrapper(undefined));
+  if (context === null) return (nullWrapper ??= noSpanWrapper(null));
   try {
     const cached = context[kWrapper];
     if (cached !== undefined && cached.context === context) {
@@ -291,8 +322,8 @@ function discover() {
   const storage = new asyncHooks.AsyncLocalStorage();
   const outerBuffer = binding.frameSpanRecord(HEADER_RECORD_SIZE);
   const innerBuffer = binding.frameSpanRecord(HEADER_RECORD_SIZE);
-  const outer = new ContextWrapper(outerBuffer, null, null);
-  const inner = new ContextWrapper(innerBuffer, null, null);
+  const outer = new ContextWrapper(outerBuffer, 0, HEADER_RECORD_SIZE, null, null);
+  const inner = new ContextWrapper(innerBuffer, 0, HEADER_RECORD_SIZE, null, null);
   let outerSlots = [];
   let innerSlots = [];
   storage.run(outer, () => {
@@ -324,9 +355,10 @@ function availability(storage) {
     })();
     if (discovered.reason !== undefined) return discovered;
     const { cpedOffset, recordOffset } = discovered.offsets;
-    const buffer = binding.frameSpanRecord(HEADER_RECORD_SIZE);
-    const probe = new ContextWrapper(buffer, null, null);
-    storage.run(probe, () => binding.frameVerify(storage, buffer, cpedOffset, recordOffset));
+    // A record inside a slab, not at its start: as span records are.
+    const buffer = binding.frameSpanRecord(2 * RECORD_ALIGN);
+    const probe = new ContextWrapper(buffer, RECORD_ALIGN, HEADER_RECORD_SIZE, null, null);
+    storage.run(probe, () => binding.frameVerify(storage, buffer, RECORD_ALIGN, cpedOffset, recordOffset));
     return discovered;
   } catch (error) {
     return { reason: error.message };

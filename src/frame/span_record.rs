@@ -1,21 +1,27 @@
-//! One OTEP 4947 record per span, in native memory, handed to JavaScript as
-//! an external `ArrayBuffer` (the JS writer fills it through a typed array).
-//! A wrapper typed array over that buffer is what the manager's
-//! AsyncLocalStorage stores, so the record stays allocated as long as any
-//! AsyncContextFrame can reach it: it is freed only by the buffer's
-//! finalizer, after V8 found the buffer unreachable.
+//! Native memory for the per-span OTEP 4947 records, handed to JavaScript as
+//! external `ArrayBuffer`s, each a slab holding many records one after the
+//! other (the JS writer carves them out and fills them through typed
+//! arrays; a napi call per span would cost more than the rest of the span's
+//! publishing). A wrapper typed array over a record's bytes is what the
+//! manager's AsyncLocalStorage stores, and it keeps the whole slab alive, so
+//! a record stays allocated as long as any AsyncContextFrame can reach it:
+//! a slab is freed only by its buffer's finalizer, after V8 found the buffer
+//! and every view of it unreachable.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use napi::sys;
 
-use otel_thread_ctx_abi::record::{HEADER_SIZE, RECORD_SIZE};
+use otel_thread_ctx_abi::record::HEADER_SIZE;
 
-/// Records allocated and not yet finalized, process-wide.
+/// Largest slab JavaScript asks for.
+pub const MAX_SLAB_BYTES: usize = 1 << 20;
+
+/// Slabs allocated and not yet finalized, process-wide.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
-/// Records alive now (for leak tests).
+/// Slabs alive now (for leak tests).
 pub fn live() -> usize {
     // ORDER: a counter for diagnostics; no other memory depends on it.
     LIVE.load(Ordering::Relaxed)
@@ -29,12 +35,12 @@ unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mu
     LIVE.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// The allowed sizes of a span's record.
+/// The allowed sizes of a slab: at least one record header.
 pub fn size_is_valid(size: usize) -> bool {
-    (HEADER_SIZE..=RECORD_SIZE).contains(&size)
+    (HEADER_SIZE..=MAX_SLAB_BYTES).contains(&size)
 }
 
-/// A zeroed (`valid = 0`) record of `size` bytes as an external
+/// A zeroed (every record `valid = 0`) slab of `size` bytes as an external
 /// `ArrayBuffer`, freed when V8 finalizes the buffer.
 ///
 /// # Safety
