@@ -57,7 +57,9 @@ class SpanRecord {
     this.buffer = buffer;
     this.byteOffset = byteOffset;
     this.size = size;
-    this.words = new Uint32Array(buffer, byteOffset, size / 4);
+    /** The slab's words (one view shared by its records) and this record's first word. */
+    this.words = slabWords(buffer);
+    this.base = byteOffset / 4;
     this.span = span;
     /** record-view's entry: the ids as words, flags, tail word. */
     this.entry = entry;
@@ -77,14 +79,21 @@ const kRecord = Symbol('otel-thread-ctx.record');
 /** The publishing manager's AttributeSchema (null: no attributes). */
 let schema = null;
 
-/** The slab records are carved from now, and how much of it is used. */
+/** The slab records are carved from now, its words, and how much of it is used. */
 let slab = null;
+let slabWordsView = null;
 let slabUsed = 0;
+
+/** The Uint32Array over `buffer` its records write through (one per slab: no view per span). */
+function slabWords(buffer) {
+  return buffer === slab ? slabWordsView : new Uint32Array(buffer);
+}
 
 /** A zeroed record of `size` bytes (a multiple of RECORD_ALIGN): [buffer, byteOffset]. */
 function allocate(size) {
   if (slab === null || slabUsed + size > SLAB_BYTES) {
     slab = binding.frameSpanRecord(SLAB_BYTES);
+    slabWordsView = new Uint32Array(slab);
     slabUsed = 0;
   }
   const byteOffset = slabUsed;
@@ -106,22 +115,23 @@ function noSpanWrapper(context) {
 
 function write(record, entry, attributes) {
   const words = record.words;
+  const base = record.base;
   // ORDER: a sampler interrupts this thread, so program order is enough:
   // valid = 0 first, the fields, then the tail word (valid = 1) last, each
   // a typed-array store V8 neither drops nor reorders (as in record-view).
-  words[TAIL_INDEX_U32] = 0;
-  words[0] = entry.w0;
-  words[1] = entry.w1;
-  words[2] = entry.w2;
-  words[3] = entry.w3;
-  words[4] = entry.w4;
-  words[5] = entry.w5;
+  words[base + TAIL_INDEX_U32] = 0;
+  words[base] = entry.w0;
+  words[base + 1] = entry.w1;
+  words[base + 2] = entry.w2;
+  words[base + 3] = entry.w3;
+  words[base + 4] = entry.w4;
+  words[base + 5] = entry.w5;
   let tail = entry.tail;
   if (attributes !== null && attributes.bytes.length !== 0) {
     new Uint8Array(record.buffer, record.byteOffset, record.size).set(attributes.bytes, offsets.attrsData);
     tail = view.tailWord(entry.traceFlags, attributes.bytes.length);
   }
-  words[TAIL_INDEX_U32] = tail;
+  words[base + TAIL_INDEX_U32] = tail;
 }
 
 const kObserved = Symbol('otel-thread-ctx.observed');
@@ -202,7 +212,7 @@ function isCurrent(record) {
 
 function end(record) {
   record.ended = true;
-  record.words[TAIL_INDEX_U32] = 0;
+  record.words[record.base + TAIL_INDEX_U32] = 0;
 }
 
 /** The record of `span` (cached on it), or null when it publishes none. */
