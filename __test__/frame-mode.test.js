@@ -14,6 +14,8 @@ const { usesAsyncContextFrame } = require('../js/publish/frame');
 const { ROOT, readOwnRecord, spanContextFor } = require('./helpers');
 
 const FRAME = usesAsyncContextFrame();
+/** The default this process runs with: OTEL_THREAD_CTX_MODE=record (a suite run in record mode) wins. */
+const DEFAULT_MODE = process.env.OTEL_THREAD_CTX_MODE === 'record' || !FRAME ? 'record' : 'frame';
 const frameOnly = { skip: !FRAME && 'AsyncLocalStorage does not run on AsyncContextFrame on this Node' };
 
 /** Runs `source` in a child of this Node (cwd: the package) and returns its JSON output. */
@@ -25,17 +27,17 @@ function runChild(source, { env = {}, args = [] } = {}) {
 
 test('the default mode is frame where AsyncLocalStorage runs on AsyncContextFrame, record elsewhere, with the reason', () => {
   const manager = new ProfilingContextManager();
-  assert.strictEqual(manager.mode, FRAME ? 'frame' : 'record');
+  assert.strictEqual(manager.mode, DEFAULT_MODE);
   context.setGlobalContextManager(manager.enable());
   try {
     const info = threadInfo();
     assert.strictEqual(info.mode, manager.mode);
-    if (FRAME) {
+    if (DEFAULT_MODE === 'frame') {
       assert.strictEqual(info.frameUnavailableReason, null);
       assert.notStrictEqual(info.frame, null);
       assert.ok(info.frame.cpedSlot > 0n && info.frame.alsHandle > 0n);
     } else {
-      assert.match(info.frameUnavailableReason, /AsyncContextFrame/);
+      assert.match(info.frameUnavailableReason, FRAME ? /record mode was chosen/ : /AsyncContextFrame/);
     }
   } finally {
     manager.disable();
@@ -82,7 +84,7 @@ test('frame mode enables no async hook and no promise hook, and keeps the span a
     const { context, trace, ROOT_CONTEXT } = require('@opentelemetry/api');
     const { ProfilingContextManager, threadInfo } = require('.');
     const binding = require('./js/binding');
-    context.setGlobalContextManager(new ProfilingContextManager().enable());
+    context.setGlobalContextManager(new ProfilingContextManager().enable()); // frame: from OTEL_THREAD_CTX_MODE
     const hex = (h) => Buffer.from(h).toString('hex');
     const walked = () => { const w = binding.frameWalk(); return w.header && w.header[24] === 1 ? hex(w.header.subarray(16, 24)) : null; };
     const spans = ['1111111111111111', '2222222222222222'];
@@ -97,7 +99,7 @@ test('frame mode enables no async hook and no promise hook, and keeps the span a
           return { spanId, before, afterTimer, afterImmediate: walked() };
         })));
       console.log(JSON.stringify({ mode: threadInfo().mode, enabled, seen, outside: walked() }));
-    })();`);
+    })();`, { env: { OTEL_THREAD_CTX_MODE: 'frame' } });
   assert.strictEqual(out.mode, 'frame');
   assert.deepStrictEqual(out.enabled, [], 'no hook was enabled');
   for (const s of out.seen) assert.deepStrictEqual(s, { spanId: s.spanId, before: s.spanId, afterTimer: s.spanId, afterImmediate: s.spanId });
@@ -105,7 +107,8 @@ test('frame mode enables no async hook and no promise hook, and keeps the span a
 });
 
 test('the walk finds exactly the active span: nested, attach/dispose, bind, ended, and no span at the root', frameOnly, async () => {
-  const manager = new ProfilingContextManager();
+  const manager = new ProfilingContextManager({ mode: 'frame' });
+  assert.strictEqual(manager.mode, 'frame');
   context.setGlobalContextManager(manager.enable());
   try {
     const a = spanContextFor('frame-a');
@@ -140,7 +143,7 @@ test('the walk finds exactly the active span: nested, attach/dispose, bind, ende
 });
 
 test('span records are freed once nothing reaches them, and none is made per switch', { ...frameOnly, skip: frameOnly.skip || (typeof globalThis.gc !== 'function' && 'needs --expose-gc') }, async () => {
-  const manager = new ProfilingContextManager();
+  const manager = new ProfilingContextManager({ mode: 'frame' });
   context.setGlobalContextManager(manager.enable());
   try {
     const settle = async () => {
@@ -174,7 +177,7 @@ test('a thread blocked in Atomics.wait inside a span publishes it; an idle threa
     const { parentPort, workerData } = require('node:worker_threads');
     const { context, trace, ROOT_CONTEXT } = require('@opentelemetry/api');
     const { ProfilingContextManager, threadInfo } = require(workerData.root);
-    context.setGlobalContextManager(new ProfilingContextManager().enable());
+    context.setGlobalContextManager(new ProfilingContextManager({ mode: 'frame' }).enable());
     const sc = { traceId: 'cd'.repeat(16), spanId: '3333333333333333', traceFlags: 1 };
     context.with(trace.setSpanContext(ROOT_CONTEXT, sc), () => {
       const info = threadInfo();
