@@ -117,7 +117,8 @@ test('every configured attribute key is in the key map from enable() on, before 
     const { context, trace } = fromRoot('@opentelemetry/api');
     const { BasicTracerProvider } = fromRoot('@opentelemetry/sdk-trace-base');
     const otc = fromRoot('.');
-    const manager = new otc.ProfilingContextManager({ attributes: ['http.route', 'user.id'] });
+    // The OTEP 4947 readers' view (schema, key map, record): record mode.
+    const manager = new otc.ProfilingContextManager({ attributes: ['http.route', 'user.id'], mode: 'record' });
     context.setGlobalContextManager(manager.enable());
     out({ pid: process.pid, phase: 'enabled', info: otc.processContextInfo() });
     waitForInput();
