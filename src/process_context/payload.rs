@@ -79,6 +79,41 @@ mod tests {
     }
 
     #[test]
+    fn frame_mode_announces_the_node_schema_and_its_layout() {
+        let layout = node_schema::V8Layout {
+            js_object_record_offset: 0x48,
+            ..node_schema::DEFAULT_LAYOUT
+        };
+        let bytes = encode(&Contents {
+            resource: &[],
+            attributes: &[],
+            schema_version: "tlsdesc_v1_dev",
+            key_map: &[],
+            frame_layout: Some(layout),
+        });
+        let decoded = ProcessContext::decode(bytes.as_slice()).unwrap();
+        let value = |key: &str| {
+            decoded
+                .attributes
+                .iter()
+                .find(|kv| kv.key == key)
+                .and_then(|kv| kv.value.clone())
+                .and_then(|v| v.value)
+        };
+        assert_eq!(
+            value(SCHEMA_VERSION_KEY),
+            Some(any_value::Value::StringValue(
+                node_schema::SCHEMA_VERSION.into()
+            ))
+        );
+        let ints: Vec<_> = node_schema::LAYOUT_KEYS.iter().map(|k| value(k)).collect();
+        assert_eq!(
+            ints,
+            [0x48, 8, 0x18, 0x10].map(|v| Some(any_value::Value::IntValue(v)))
+        );
+    }
+
+    #[test]
     fn roundtrip_keeps_resource_and_threadlocal_keys() {
         let resource = vec![
             KeyValue::new("service.name", AnyValue::string("checkout")),
