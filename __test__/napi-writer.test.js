@@ -17,7 +17,8 @@ const CHILD = `
   context.setGlobalContextManager(manager.enable());
   const out = (o) => console.log(JSON.stringify(o, (_k, v) => (typeof v === 'bigint' ? String(v) : v)));
   // Each step publishes, tells the parent, and blocks until it has read the record.
-  const frameCapable = require('./js/publish/frame').usesAsyncContextFrame();
+  // Frame mode is tried (and its failure reported) unless record mode was chosen.
+  const frameCapable = require('./js/publish/frame').usesAsyncContextFrame() && process.env.OTEL_THREAD_CTX_MODE !== 'record';
   const step = (name) => { out({ step: name, address: threadInfo().recordAddress, warnings, frameCapable }); fs.readSync(0, Buffer.alloc(1)); };
   const span = {
     spanContext: () => ({ traceId: '0af7651916cd43dd8448eb211c80319c', spanId: 'b7ad6b7169203331', traceFlags: 1 }),
