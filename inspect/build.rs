@@ -65,6 +65,7 @@ fn abi_header() -> String {
         ),
         ("ABI_NODE_ENTRY_WORDS", node_schema::ENTRY_WORDS as usize),
         ("ABI_NODE_MAX_CHAIN_HOPS", node_schema::MAX_CHAIN_HOPS),
+        ("ABI_NODE_MAX_MODULES", node_schema::MAX_MODULES),
         ("ABI_NODE_MAX_BUCKETS", node_schema::MAX_BUCKETS as usize),
         (
             "ABI_NODE_HEAP_OBJECT_TAG",

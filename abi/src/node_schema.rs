@@ -132,6 +132,9 @@ pub const ENTRY_WORDS: u64 = 3;
 pub const NOT_FOUND: i64 = -1;
 /// Most chain hops a reader follows before it gives up ("no span").
 pub const MAX_CHAIN_HOPS: usize = 8;
+/// Most modules defining [`TLS_SYMBOL`] that a reader reads each thread
+/// through (an addon in use beside others that are loaded but idle).
+pub const MAX_MODULES: usize = 4;
 /// Most buckets a reader accepts; a frame holds a few AsyncLocalStorage
 /// entries, so a larger count means a wrong or moved object.
 pub const MAX_BUCKETS: u64 = 1 << 16;

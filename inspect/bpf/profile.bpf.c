@@ -91,11 +91,13 @@ const volatile __s64 tls_tp_offset = 0;
 const volatile __u64 tls_module_id = 0;
 const volatile __u64 tls_module_offset = 0;
 const volatile __u64 tls_dtv_pointer_offset = 8;
-// The Node.js schema's variable (same modes as above) and V8 layout.
-const volatile __u32 nodejs_tls_mode = TLS_NONE;
-const volatile __s64 nodejs_tls_tp_offset = 0;
-const volatile __u64 nodejs_tls_module_id = 0;
-const volatile __u64 nodejs_tls_module_offset = 0;
+// The Node.js schema's variable in each module that defines it (same modes
+// as above; unused entries are TLS_NONE), and the V8 layout.
+const volatile __u32 nodejs_tls_mode[ABI_NODE_MAX_MODULES] = { TLS_NONE, TLS_NONE, TLS_NONE, TLS_NONE };
+const volatile __s64 nodejs_tls_tp_offset[ABI_NODE_MAX_MODULES] = {};
+const volatile __u64 nodejs_tls_module_id[ABI_NODE_MAX_MODULES] = {};
+const volatile __u64 nodejs_tls_module_offset[ABI_NODE_MAX_MODULES] = {};
+_Static_assert(ABI_NODE_MAX_MODULES == 4, "nodejs_tls_mode's initializer names every module");
 const volatile __u64 v8_js_object_record_offset = ABI_NODE_DEFAULT_JS_OBJECT_RECORD_OFFSET;
 const volatile __u64 v8_tagged_size = ABI_NODE_DEFAULT_TAGGED_SIZE;
 const volatile __u64 v8_js_map_table_offset = ABI_NODE_DEFAULT_JS_MAP_TABLE_OFFSET;
@@ -221,25 +223,41 @@ static __always_inline int read_word(__u64 *dst, __u64 addr)
 // address; then the record, as above. Every count is bounded and the chain
 // is followed at most ABI_NODE_MAX_CHAIN_HOPS times, so the verifier sees a
 // bounded loop and a wrong or moved object ends as a reason, never a guess.
+//
+// Several modules may define the variable (a writer in use beside an addon
+// that is loaded but idle): the walk follows the first module whose block
+// is published for this thread (cped_slot != 0).
 static __always_inline __u32 read_nodejs_record(struct task_struct *task, __u8 *dst)
 {
 	__u64 tp = BPF_CORE_READ(task, thread.fsbase);
-	__u64 variable = 0;
-	__u32 status = tls_variable(tp, nodejs_tls_mode, nodejs_tls_tp_offset, nodejs_tls_module_id,
-				    nodejs_tls_module_offset, &variable);
-	if (status == RECORD_NO_TLS_BLOCK)
-		return NODE_NOT_PUBLISHED;
+	__u64 block[ABI_NODE_SIZE / 8] = {};
+	__u32 status = NODE_NOT_PUBLISHED;
+	for (int i = 0; i < ABI_NODE_MAX_MODULES; i++) {
+		if (nodejs_tls_mode[i] == TLS_NONE)
+			break;
+		__u64 variable = 0;
+		__u32 located = tls_variable(tp, nodejs_tls_mode[i], nodejs_tls_tp_offset[i],
+					     nodejs_tls_module_id[i], nodejs_tls_module_offset[i],
+					     &variable);
+		if (located == RECORD_NO_TLS_BLOCK)
+			continue;
+		if (located != RECORD_READ || bpf_probe_read_user(block, sizeof(block), (void *)variable)) {
+			// Unreadable here: report it unless a later module publishes.
+			if (status == NODE_NOT_PUBLISHED)
+				status = located != RECORD_READ ? located : RECORD_UNREADABLE;
+			continue;
+		}
+		if (block[ABI_NODE_OFFSET_CPED_SLOT / 8]) {
+			status = RECORD_READ;
+			break;
+		}
+	}
 	if (status != RECORD_READ)
 		return status;
-	__u64 block[ABI_NODE_SIZE / 8];
-	if (bpf_probe_read_user(block, sizeof(block), (void *)variable))
-		return RECORD_UNREADABLE;
 	__u64 cped_slot = block[ABI_NODE_OFFSET_CPED_SLOT / 8];
 	__u64 als_handle = block[ABI_NODE_OFFSET_ALS_HANDLE / 8];
 	__u32 hash = (__u32)block[ABI_NODE_OFFSET_ALS_IDENTITY_HASH / 8];
 	__u64 undefined = block[ABI_NODE_OFFSET_UNDEFINED_ADDR / 8];
-	if (!cped_slot)
-		return NODE_NOT_PUBLISHED;
 	if (v8_tagged_size != 8)
 		return NODE_WRONG_OBJECT;
 	__u64 frame = 0, table = 0, als = 0, head = 0;
@@ -326,7 +344,7 @@ static __always_inline void fill(void *ctx, struct sample *s, struct task_struct
 	// As the reader does: a span from either schema (the record's first),
 	// else the Node.js walk's reason when its block is published.
 	bool record_span = s->record_status == RECORD_READ && s->record[ABI_OFFSET_VALID] == ABI_VALID;
-	if (nodejs_tls_mode != TLS_NONE && !record_span) {
+	if (nodejs_tls_mode[0] != TLS_NONE && !record_span) {
 		__u32 status = read_nodejs_record(task, s->record);
 		if (status != NODE_NOT_PUBLISHED || tls_mode == TLS_NONE) {
 			s->schema = SCHEMA_NODEJS;

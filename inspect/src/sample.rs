@@ -244,7 +244,7 @@ fn resolve(target: &Target) -> Result<Reading, Unpublished> {
     Ok(Reading {
         plans: Plans {
             record: target.plan(Schema::Record),
-            nodejs: target.plan(Schema::Nodejs),
+            nodejs: target.nodejs_plans(),
             layout: pc.v8_layout(),
         },
         key_map,

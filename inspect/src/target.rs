@@ -63,9 +63,12 @@ pub struct Target {
     pub module: Option<DefiningModule>,
     /// How each thread's variable is found, or why it cannot be.
     pub resolution: Option<Result<Resolution, TlsError>>,
-    /// The module whose `otel_thread_ctx_nodejs_v1` is read (the first
-    /// definition) and its resolution, through the same code as the record's.
-    pub nodejs: Option<(DefiningModule, Result<Resolution, TlsError>)>,
+    /// Every module that defines `otel_thread_ctx_nodejs_v1` (the
+    /// executable first, then in address order) and its resolution, through
+    /// the same code as the record's. Several addons may define it (a writer
+    /// in use beside one that is loaded but idle): each thread is read
+    /// through all of them, and the first that publishes wins.
+    pub nodejs: Vec<(DefiningModule, Result<Resolution, TlsError>)>,
 }
 
 impl Target {
@@ -76,7 +79,7 @@ impl Target {
     ) -> Option<(&DefiningModule, &Result<Resolution, TlsError>)> {
         match schema {
             Schema::Record => self.module.as_ref().zip(self.resolution.as_ref()),
-            Schema::Nodejs => self.nodejs.as_ref().map(|(m, r)| (m, r)),
+            Schema::Nodejs => self.nodejs.first().map(|(m, r)| (m, r)),
         }
     }
 
@@ -85,6 +88,15 @@ impl Target {
         self.schema(schema)
             .and_then(|(_, r)| r.as_ref().ok())
             .map(|r| r.plan)
+    }
+
+    /// The resolved plans of every module that defines the Node.js schema's
+    /// variable, in [`Target::nodejs`] order.
+    pub fn nodejs_plans(&self) -> Vec<Plan> {
+        self.nodejs
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().ok().map(|r| r.plan))
+            .collect()
     }
 }
 
@@ -122,10 +134,10 @@ impl Target {
             let resolution = module
                 .as_ref()
                 .map(|m| tls::resolve(m, &memory, &tls::HOST));
-            let nodejs = discovery.of(Schema::Nodejs).next().cloned().map(|m| {
-                let r = tls::resolve(&m, &memory, &tls::HOST);
-                (m, r)
-            });
+            let nodejs = discovery
+                .of(Schema::Nodejs)
+                .map(|m| (m.clone(), tls::resolve(m, &memory, &tls::HOST)))
+                .collect();
             if memory.ended() {
                 continue;
             }

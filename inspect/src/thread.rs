@@ -14,12 +14,13 @@ use crate::schema::Schema;
 use crate::tls::{self, Abi, Location, Plan, TlsError};
 
 /// How to find each schema's variable in any thread of the process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plans {
     /// `otel_thread_ctx_v1`, when a module defines it and it resolves.
     pub record: Option<Plan>,
-    /// `otel_thread_ctx_nodejs_v1`, likewise.
-    pub nodejs: Option<Plan>,
+    /// `otel_thread_ctx_nodejs_v1` of every module that defines it and
+    /// resolves, in the target's order (see [`Plans::nodejs`] reads).
+    pub nodejs: Vec<Plan>,
     /// The V8 layout the Node.js walk uses.
     pub layout: V8Layout,
 }
@@ -146,9 +147,7 @@ pub fn read(
         let record = plans
             .record
             .map(|plan| read_record_schema(&plan, tp, mem, abi, with_attrs, &mut out));
-        let nodejs = plans.nodejs.map(|plan| {
-            read_nodejs_schema(&plan, tp, mem, abi, &plans.layout, with_attrs, &mut out)
-        });
+        let nodejs = read_nodejs_modules(plans, tp, mem, abi, with_attrs, &mut out);
         let (schema, outcome) =
             choose(record, nodejs).ok_or(ReadError::Locate(TlsError::Unreferenced))?;
         out.schema = Some(schema);
@@ -231,6 +230,56 @@ fn read_nodejs_schema(
     })
 }
 
+/// The Node.js schema through every module that defines its variable:
+/// the first answer that names a span, else the first whose block is
+/// published, else the first. An addon that is loaded but does not publish
+/// (its block's `cped_slot` is 0) must not hide one that does.
+fn read_nodejs_modules(
+    plans: &Plans,
+    tp: u64,
+    mem: &dyn Memory,
+    abi: &Abi,
+    with_attrs: bool,
+    out: &mut ThreadRead,
+) -> Option<Result<SchemaOutcome, ReadError>> {
+    let mut chosen: Option<(Result<SchemaOutcome, ReadError>, Option<(u64, Trail)>)> = None;
+    for plan in &plans.nodejs {
+        out.nodejs = None;
+        let outcome = read_nodejs_schema(plan, tp, mem, abi, &plans.layout, with_attrs, out);
+        let trail = out.nodejs.take();
+        if names_a_span(&Some(&outcome)) {
+            chosen = Some((outcome, trail));
+            break;
+        }
+        let better = match &chosen {
+            None => true,
+            Some((previous, _)) => !is_published(&Some(previous)) && is_published(&Some(&outcome)),
+        };
+        if better {
+            chosen = Some((outcome, trail));
+        }
+    }
+    let (outcome, trail) = chosen?;
+    out.nodejs = trail;
+    Some(outcome)
+}
+
+fn names_a_span(o: &Option<&Result<SchemaOutcome, ReadError>>) -> bool {
+    matches!(o, Some(Ok(SchemaOutcome::Record(r))) if r.header.names_a_span())
+}
+
+/// Whether a Node.js answer comes from a published block (anything but
+/// "not published").
+fn is_published(o: &Option<&Result<SchemaOutcome, ReadError>>) -> bool {
+    !matches!(
+        o,
+        None | Some(Ok(SchemaOutcome::NoSpan(NoSpan {
+            reason: Reason::NotPublished,
+            ..
+        })))
+    )
+}
+
 /// Which schema's answer a thread gets when the process publishes both: a
 /// span from either (the record's first), else the Node.js walk's reason
 /// when its block is published, else the record schema's answer.
@@ -238,20 +287,10 @@ fn choose(
     record: Option<Result<SchemaOutcome, ReadError>>,
     nodejs: Option<Result<SchemaOutcome, ReadError>>,
 ) -> Option<(Schema, Result<SchemaOutcome, ReadError>)> {
-    let names_a_span = |o: &Option<Result<SchemaOutcome, ReadError>>| matches!(o, Some(Ok(SchemaOutcome::Record(r))) if r.header.names_a_span());
-    let published = |o: &Option<Result<SchemaOutcome, ReadError>>| {
-        !matches!(
-            o,
-            None | Some(Ok(SchemaOutcome::NoSpan(NoSpan {
-                reason: Reason::NotPublished,
-                ..
-            })))
-        )
-    };
-    if names_a_span(&record) {
+    if names_a_span(&record.as_ref()) {
         return record.map(|o| (Schema::Record, o));
     }
-    if names_a_span(&nodejs) || published(&nodejs) || record.is_none() {
+    if names_a_span(&nodejs.as_ref()) || is_published(&nodejs.as_ref()) || record.is_none() {
         return nodejs.map(|o| (Schema::Nodejs, o));
     }
     record.map(|o| (Schema::Record, o))
@@ -344,6 +383,88 @@ pub fn name(pid: i32, tid: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::sigkill_pending;
+
+    mod several_nodejs_modules {
+        use super::super::*;
+        use crate::memory::fake::FakeMemory;
+        use crate::schema::nodejs::tests::{Heap, BLOCK};
+        use otel_thread_ctx_abi::node_schema::{DEFAULT_LAYOUT, SIZE};
+
+        const TP: u64 = 0x10_0000;
+        /// A module whose block is all zeros: loaded, never published.
+        const IDLE_BLOCK: u64 = 0x8000;
+
+        fn plan(block: u64) -> Plan {
+            Plan::Static {
+                tp_offset: block as i64 - TP as i64,
+            }
+        }
+
+        fn read_with(blocks: &[u64]) -> (Option<Result<SchemaOutcome, ReadError>>, ThreadRead) {
+            let mem = FakeMemory::default();
+            Heap::good().install(&mem);
+            mem.put(IDLE_BLOCK, &[0; SIZE]);
+            let plans = Plans {
+                record: None,
+                nodejs: blocks.iter().map(|&b| plan(b)).collect(),
+                layout: DEFAULT_LAYOUT,
+            };
+            let mut out = ThreadRead {
+                t_ns: 0,
+                thread_pointer: None,
+                variable: None,
+                pointer: None,
+                schema: None,
+                nodejs: None,
+                outcome: Outcome::Gone,
+                times: None,
+                late_stop: false,
+            };
+            let outcome = read_nodejs_modules(&plans, TP, &mem, &tls::HOST, true, &mut out);
+            (outcome, out)
+        }
+
+        fn span_of(o: Option<Result<SchemaOutcome, ReadError>>) -> Option<String> {
+            match o {
+                Some(Ok(SchemaOutcome::Record(r))) if r.header.names_a_span() => {
+                    Some(r.header.span_id.to_string())
+                }
+                _ => None,
+            }
+        }
+
+        #[test]
+        fn a_module_that_publishes_wins_over_an_idle_one_before_it() {
+            let (outcome, out) = read_with(&[IDLE_BLOCK, BLOCK]);
+            assert_eq!(span_of(outcome).as_deref(), Some("1112131415161718"));
+            // The trail is the publishing module's.
+            assert_eq!(out.nodejs.map(|(var, _)| var), Some(BLOCK));
+        }
+
+        #[test]
+        fn the_order_of_the_modules_does_not_matter() {
+            let (outcome, _) = read_with(&[BLOCK, IDLE_BLOCK]);
+            assert_eq!(span_of(outcome).as_deref(), Some("1112131415161718"));
+        }
+
+        #[test]
+        fn only_idle_modules_read_as_not_published() {
+            let (outcome, out) = read_with(&[IDLE_BLOCK, IDLE_BLOCK]);
+            assert!(matches!(
+                outcome,
+                Some(Ok(SchemaOutcome::NoSpan(NoSpan {
+                    reason: Reason::NotPublished,
+                    ..
+                })))
+            ));
+            assert_eq!(out.nodejs.map(|(var, _)| var), Some(IDLE_BLOCK));
+        }
+
+        #[test]
+        fn no_module_no_answer() {
+            assert!(read_with(&[]).0.is_none());
+        }
+    }
 
     const STATUS: &str = "Name:\thost\nState:\tR (running)\nTgid:\t10\n\
         SigQ:\t1/63459\nSigPnd:\t{thread}\nShdPnd:\t{shared}\n\

@@ -49,13 +49,13 @@ pub fn collect(pid: i32, stop_timeout: Duration) -> Result<Option<Collected>, Fa
     let process_context = process_context::lookup(&target.maps, &target.memory);
     let plans = Plans {
         record: target.plan(Schema::Record),
-        nodejs: target.plan(Schema::Nodejs),
+        nodejs: target.nodejs_plans(),
         layout: process_context.v8_layout(),
     };
-    if plans.record.is_none() && plans.nodejs.is_none() {
+    if plans.record.is_none() && plans.nodejs.is_empty() {
         // No schema's variable can be found in a thread: list them, when
         // no module defines any symbol, so the report still names them.
-        let unresolved = target.resolution.is_some() || target.nodejs.is_some();
+        let unresolved = target.resolution.is_some() || !target.nodejs.is_empty();
         let threads = if unresolved {
             Vec::new()
         } else {

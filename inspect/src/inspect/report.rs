@@ -50,7 +50,8 @@ pub struct ModuleInfo {
     pub schema: Schema,
     pub symbol: &'static str,
     pub access_model: &'static str,
-    /// False for a second definition of the same schema (not read).
+    /// False for a second definition of the record schema (not read);
+    /// every definition of the Node.js schema is read.
     pub read: bool,
 }
 
@@ -259,7 +260,7 @@ pub fn build(c: Collected) -> Report {
     };
     let process_context = process_context_info(c.process_context);
     let modules = module_infos(&c.target);
-    if c.target.module.is_none() && c.target.nodejs.is_none() {
+    if c.target.module.is_none() && c.target.nodejs.is_empty() {
         conformance::no_module(&mut f, &c.target.discovery.errors);
         let Threads::Listed(listed) = c.threads else {
             unreachable!("threads are read only with a resolution")
@@ -306,10 +307,13 @@ pub fn build(c: Collected) -> Report {
 }
 
 fn module_infos(target: &Target) -> Vec<ModuleInfo> {
-    let read = |m: &DefiningModule| {
-        target
+    // The record schema's first definition is read; every definition of
+    // the Node.js schema's variable is (see `Target::nodejs`).
+    let read = |m: &DefiningModule| match m.schema {
+        Schema::Record => target
             .schema(m.schema)
-            .is_some_and(|(r, _)| r.path == m.path)
+            .is_some_and(|(r, _)| r.path == m.path),
+        Schema::Nodejs => target.nodejs.iter().any(|(r, _)| r.path == m.path),
     };
     target
         .discovery

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use otel_thread_ctx_abi::node_schema::V8Layout;
+use otel_thread_ctx_abi::node_schema::{V8Layout, MAX_MODULES};
 
 use crate::record::{self, Header, HEADER_SIZE, RECORD_SIZE};
 use crate::schema::nodejs::Reason;
@@ -275,10 +275,12 @@ pub struct Globals {
     pub module_id: u64,
     pub module_offset: u64,
     pub dtv_pointer_offset: u64,
-    pub nodejs_tls_mode: u32,
-    pub nodejs_tp_offset: i64,
-    pub nodejs_module_id: u64,
-    pub nodejs_module_offset: u64,
+    /// One entry per module defining the Node.js schema's variable, in the
+    /// order the program tries them; unused entries have `TLS_NONE`.
+    pub nodejs_tls_mode: [u32; MAX_MODULES],
+    pub nodejs_tp_offset: [i64; MAX_MODULES],
+    pub nodejs_module_id: [u64; MAX_MODULES],
+    pub nodejs_module_offset: [u64; MAX_MODULES],
     pub layout: V8Layout,
 }
 
@@ -299,13 +301,25 @@ impl Globals {
     pub fn new(
         tgid: u32,
         plan: Option<&Plan>,
-        nodejs_plan: Option<&Plan>,
+        nodejs_plans: &[Plan],
         layout: V8Layout,
         dtv_pointer_offset: u64,
     ) -> Globals {
         let (tls_mode, tp_offset, module_id, module_offset) = tls_globals(plan);
-        let (nodejs_tls_mode, nodejs_tp_offset, nodejs_module_id, nodejs_module_offset) =
-            tls_globals(nodejs_plan);
+        let mut nodejs_tls_mode = [TLS_NONE; MAX_MODULES];
+        let mut nodejs_tp_offset = [0; MAX_MODULES];
+        let mut nodejs_module_id = [0; MAX_MODULES];
+        let mut nodejs_module_offset = [0; MAX_MODULES];
+        // Modules past the program's bound are not read (the summary's
+        // module list still names them).
+        for (i, plan) in nodejs_plans.iter().take(MAX_MODULES).enumerate() {
+            (
+                nodejs_tls_mode[i],
+                nodejs_tp_offset[i],
+                nodejs_module_id[i],
+                nodejs_module_offset[i],
+            ) = tls_globals(Some(plan));
+        }
         Globals {
             tgid,
             tls_mode,
@@ -693,30 +707,32 @@ mod tests {
         let g = Globals::new(
             9,
             Some(&Plan::Static { tp_offset: -440 }),
-            None,
+            &[],
             DEFAULT_LAYOUT,
             8,
         );
         assert_eq!((g.tls_mode, g.tp_offset), (0, -440));
-        assert_eq!(g.nodejs_tls_mode, TLS_NONE);
-        let g = Globals::new(9, Some(&dtv), Some(&dtv), DEFAULT_LAYOUT, 8);
+        assert_eq!(g.nodejs_tls_mode, [TLS_NONE; MAX_MODULES]);
+        let g = Globals::new(9, Some(&dtv), &[dtv], DEFAULT_LAYOUT, 8);
         assert_eq!((g.tls_mode, g.module_id, g.module_offset), (1, 3, 0x18));
         assert_eq!(
             (
-                g.nodejs_tls_mode,
-                g.nodejs_module_id,
-                g.nodejs_module_offset
+                g.nodejs_tls_mode[0],
+                g.nodejs_module_id[0],
+                g.nodejs_module_offset[0]
             ),
             (1, 3, 0x18)
         );
+        assert_eq!(g.nodejs_tls_mode[1..], [TLS_NONE; MAX_MODULES - 1]);
         let g = Globals::new(
             9,
             None,
-            Some(&Plan::Static { tp_offset: -632 }),
+            &[Plan::Static { tp_offset: -632 }, dtv],
             DEFAULT_LAYOUT,
             8,
         );
         assert_eq!(g.tls_mode, TLS_NONE);
-        assert_eq!((g.nodejs_tls_mode, g.nodejs_tp_offset), (0, -632));
+        assert_eq!((g.nodejs_tls_mode[0], g.nodejs_tp_offset[0]), (0, -632));
+        assert_eq!((g.nodejs_tls_mode[1], g.nodejs_module_id[1]), (1, 3));
     }
 }

@@ -158,27 +158,39 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
     }
     let target = Target::open(opts.pid)?;
     let mut lines = Vec::new();
-    let mut plans = [None, None];
-    for (schema, plan) in Schema::ALL.into_iter().zip(plans.iter_mut()) {
-        match target.schema(schema) {
-            Some((module, Ok(r))) => {
+    // The record schema's first module, and every module that defines the
+    // Node.js schema's variable (the program tries each in turn).
+    let modules = target
+        .module
+        .iter()
+        .zip(target.resolution.iter())
+        .map(|(m, r)| (Schema::Record, m, r))
+        .chain(target.nodejs.iter().map(|(m, r)| (Schema::Nodejs, m, r)));
+    let mut record_plan = None;
+    let mut nodejs_plans = Vec::new();
+    for (schema, module, resolution) in modules {
+        match resolution {
+            Ok(r) => {
                 lines.push(format!(
                     "thread context: {} {} ({})",
                     schema.symbol(),
                     r.path,
                     module.path
                 ));
-                *plan = Some(r.plan);
+                match schema {
+                    Schema::Record => record_plan = Some(r.plan),
+                    Schema::Nodejs => nodejs_plans.push(r.plan),
+                }
             }
-            Some((_, Err(e))) => lines.push(format!(
-                "thread context: {} unreadable ({e})",
-                schema.symbol()
+            Err(e) => lines.push(format!(
+                "thread context: {} unreadable in {} ({e})",
+                schema.symbol(),
+                module.path
             )),
-            None => {}
         }
     }
-    if plans.iter().all(Option::is_none) {
-        lines.push(if target.module.is_none() && target.nodejs.is_none() {
+    if record_plan.is_none() && nodejs_plans.is_empty() {
+        lines.push(if target.module.is_none() && target.nodejs.is_empty() {
             "thread context: no module defines otel_thread_ctx_v1 or otel_thread_ctx_nodejs_v1; samples carry no span".into()
         } else {
             "thread context: unreadable; samples carry no span".into()
@@ -187,8 +199,8 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
     let layout = crate::process_context::lookup(&target.maps, &target.memory).v8_layout();
     let globals = kernel::Globals::new(
         opts.pid as u32,
-        plans[0].as_ref(),
-        plans[1].as_ref(),
+        record_plan.as_ref(),
+        &nodejs_plans,
         layout,
         crate::tls::HOST.dtv_pointer_offset,
     );

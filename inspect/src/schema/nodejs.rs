@@ -331,7 +331,7 @@ pub(crate) mod tests {
     use crate::memory::fake::FakeMemory;
     use otel_thread_ctx_abi::node_schema::DEFAULT_LAYOUT;
 
-    const BLOCK: u64 = 0x1000;
+    pub(crate) const BLOCK: u64 = 0x1000;
     const CPED: u64 = 0x2000;
     const HANDLE: u64 = 0x2100;
     const UNDEFINED: u64 = 0x9_0011;
