@@ -242,7 +242,7 @@ fn read_nodejs_modules(
     with_attrs: bool,
     out: &mut ThreadRead,
 ) -> Option<Result<SchemaOutcome, ReadError>> {
-    let mut chosen: Option<(Result<SchemaOutcome, ReadError>, Option<(u64, Trail)>)> = None;
+    let mut chosen: Option<(SchemaRead, Option<(u64, Trail)>)> = None;
     for plan in &plans.nodejs {
         out.nodejs = None;
         let outcome = read_nodejs_schema(plan, tp, mem, abi, &plans.layout, with_attrs, out);
@@ -264,13 +264,16 @@ fn read_nodejs_modules(
     Some(outcome)
 }
 
-fn names_a_span(o: &Option<&Result<SchemaOutcome, ReadError>>) -> bool {
+/// One schema's answer for one thread.
+type SchemaRead = Result<SchemaOutcome, ReadError>;
+
+fn names_a_span(o: &Option<&SchemaRead>) -> bool {
     matches!(o, Some(Ok(SchemaOutcome::Record(r))) if r.header.names_a_span())
 }
 
 /// Whether a Node.js answer comes from a published block (anything but
 /// "not published").
-fn is_published(o: &Option<&Result<SchemaOutcome, ReadError>>) -> bool {
+fn is_published(o: &Option<&SchemaRead>) -> bool {
     !matches!(
         o,
         None | Some(Ok(SchemaOutcome::NoSpan(NoSpan {
