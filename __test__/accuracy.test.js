@@ -15,12 +15,15 @@ const reader = require('../bench/accuracy/reader');
 const FLOORS = { correct: 0.97, wrong: 0.01, offCpu: 0.95, idle: 0.005 };
 const unavailable = bpftrace.unavailableReason();
 
-test('spans are attributed correctly by a kernel sampler, on and off CPU', { skip: unavailable ?? false, timeout: 120000 }, async (t) => {
+// The bpftrace sampler reads OTEP 4947 records (otel_thread_ctx_v1), which
+// record mode publishes on every Node line; frame mode is scored below by
+// the reader's samplers, which walk the Node.js schema.
+test('spans are attributed correctly by a kernel sampler, on and off CPU (record mode)', { skip: unavailable ?? false, timeout: 120000 }, async (t) => {
   const samplers = ['bpftrace'];
   if (reader.unavailableReason() === null) samplers.push('reader');
   let r;
   try {
-    r = await runAccuracy({ samplers, cpuMs: 6000, offMs: 3500, idleMs: 1500, readerHz: 97 });
+    r = await runAccuracy({ samplers, mode: 'record', cpuMs: 6000, offMs: 3500, idleMs: 1500, readerHz: 97 });
   } catch (err) {
     if (/^bpftrace failed/.test(err.message)) {
       // A probe that cannot attach here (kernel config, lockdown): not our bug.
@@ -56,6 +59,19 @@ test('spans are attributed correctly by a kernel sampler, on and off CPU', { ski
   assert.ok(off.idle.ns > 500_000_000n, `only ${off.idle.ns} ns idle in the event loop`);
   const idleOnSpan = Number(off.idle.attributedNs) / Number(off.idle.ns);
   assert.ok(idleOnSpan <= FLOORS.idle, `idle: ${(idleOnSpan * 100).toFixed(3)}% of idle time attributed to a span`);
+});
+
+test("the reader's ptrace sampler attributes spans correctly in the manager's default mode", { skip: reader.unavailableReason() ?? false, timeout: 120000 }, async (t) => {
+  const r = await runAccuracy({ samplers: ['reader'], cpuMs: 4000, offMs: 2500, idleMs: 1000, readerHz: 97 });
+  for (const line of formatRun(r)) t.diagnostic(line);
+  assert.strictEqual(r.threads, 5);
+  for (const c of [r.reader.onCpu.overall, ...r.reader.onCpu.perThread]) {
+    const scored = c.correct + c.wrong + c.missing;
+    const name = `reader thread ${c.tid ?? 'overall'}`;
+    assert.ok(scored >= (c.tid ? 10 : 100), `${name}: only ${scored} samples in segments`);
+    assert.ok(c.correct / scored >= FLOORS.correct, `${name}: ${c.correct}/${scored} correct`);
+    assert.ok(c.wrong / scored <= FLOORS.wrong, `${name}: ${c.wrong}/${scored} wrong`);
+  }
 });
 
 test('the harness catches a manager that publishes on with() only', { skip: unavailable ?? false, timeout: 120000 }, async (t) => {

@@ -61,8 +61,9 @@ function startWorkload(node, params) {
  * Runs the workload once under the requested samplers.
  * options: node (binary), samplers (['bpftrace', 'reader']), hz, readerHz,
  * workers, concurrency, cpuMs, offMs, idleMs, manager ('profiling', or
- * 'with-only': a negative control that publishes on with() only), log
- * (function for progress lines).
+ * 'with-only': a negative control that publishes on with() only), mode
+ * (the ProfilingContextManager's publishing mode, 'record' or 'frame';
+ * default: the manager's own choice), log (function for progress lines).
  * Returns {node, version, offset, offsetSource, clock, bpftrace?, reader?}
  * where each sampler entry holds {onCpu, offCpu?} scores.
  */
@@ -78,11 +79,12 @@ async function runAccuracy(options = {}) {
     offMs = 4000,
     idleMs = 1500,
     manager = 'profiling',
+    mode = null,
     keepRaw = false,
     log = () => {},
   } = options;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-accuracy-'));
-  const params = { workers, concurrency, cpuMs, offMs, idleMs, tailMs: 300, dir, manager };
+  const params = { workers, concurrency, cpuMs, offMs, idleMs, tailMs: 300, dir, manager, mode };
   const workload = startWorkload(node, params);
   let bt = null;
   let rd = null;

@@ -25,7 +25,8 @@
 // then `tailMs` idle.
 //
 // Parameters: argv[2] is JSON {workers, concurrency, cpuMs, offMs, idleMs,
-// tailMs, dir, execEvery, manager ('profiling' or the 'with-only' control)}. Logging is allocation-light: typed arrays sized up front,
+// tailMs, dir, execEvery, manager ('profiling' or the 'with-only' control), mode
+// (the manager's publishing mode, or null for its default)}. Logging is allocation-light: typed arrays sized up front,
 // written out once at the end.
 
 const fs = require('node:fs');
@@ -77,7 +78,10 @@ function publishDirect(ctx) {
 
 const provider = new NodeTracerProvider();
 provider.register({
-  contextManager: params.manager === 'with-only' ? new WithOnlyContextManager() : new ProfilingContextManager(),
+  contextManager:
+    params.manager === 'with-only'
+      ? new WithOnlyContextManager()
+      : new ProfilingContextManager(params.mode ? { mode: params.mode } : undefined),
 });
 const tracer = api.trace.getTracer('accuracy-workload');
 
