@@ -6,7 +6,7 @@ const assert = require('node:assert');
 const { Worker } = require('node:worker_threads');
 const { once } = require('node:events');
 const { registryStats, threadInfo } = require('..');
-const { readRecord, readThreadRecord } = require('./helpers');
+const { readRecord, readThreadRecord, readRunningThreadRecord } = require('./helpers');
 
 /**
  * After a thread exits, record mode leaves its record invalid (records are
@@ -131,7 +131,7 @@ test('terminate() at any moment: busy in a span, in Atomics.wait in a span, whil
     } else {
       const [info] = await once(worker, 'message');
       addresses.push(info);
-      const r = readThreadRecord(info);
+      const r = mode === 'busy' ? readRunningThreadRecord(info) : readThreadRecord(info);
       assert.strictEqual(r.valid, 1, `${mode} worker ${i} publishes its span`);
     }
     await worker.terminate();
