@@ -72,6 +72,55 @@ function diskSize(dir) {
   return total;
 }
 
+/** Whether a process with this pid exists (EPERM: it does, as another user's). */
+function alive(pid) {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return err.code === 'EPERM';
+  }
+}
+
+/**
+ * Holds the shared scratch directory until the test ends: two checkouts
+ * testing at once would otherwise remove each other's application while it
+ * installs. The lock is a directory (mkdir is atomic) naming its owner; an
+ * owner that died leaves a lock the next run takes over.
+ */
+async function holdScratch(t) {
+  const lock = path.join(SCRATCH, 'lock');
+  const owner = path.join(lock, 'pid');
+  for (;;) {
+    try {
+      fs.mkdirSync(lock);
+      fs.writeFileSync(owner, String(process.pid));
+      break;
+    } catch (err) {
+      if (err.code !== 'EEXIST') throw err;
+    }
+    let pid = 0;
+    let stale = false;
+    try {
+      pid = Number(fs.readFileSync(owner, 'utf8'));
+    } catch {
+      // Not written yet by its new owner, or never: its owner died between
+      // the two steps when the lock is older than a few seconds.
+      try {
+        stale = Date.now() - fs.statSync(lock).mtimeMs > 30000;
+      } catch {
+        continue; // released meanwhile
+      }
+    }
+    if (stale || (pid && !alive(pid))) {
+      fs.rmSync(lock, { recursive: true, force: true });
+      continue;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+  t.after(() => fs.rmSync(lock, { recursive: true, force: true }));
+}
+
 /** Runs `npx otel-thread-ctx inspect --pid N --json` in `app`. */
 function npxInspect(app, pid, env) {
   const r = spawnSync('npx', ['--no-install', 'otel-thread-ctx', 'inspect', '--pid', String(pid), '--json'], { cwd: app, env, encoding: 'utf8' });
@@ -123,6 +172,7 @@ test('built from source: addon, npx reader, Resource from the first span with on
   const app = path.join(SCRATCH, `app-${hash}`);
   const done = path.join(app, '.installed');
   const env = userEnv({ CARGO_TARGET_DIR: path.join(SCRATCH, 'target') });
+  await holdScratch(t);
   if (!fs.existsSync(done)) {
     for (const old of fs.readdirSync(SCRATCH)) {
       if (old.startsWith('app-')) fs.rmSync(path.join(SCRATCH, old), { recursive: true, force: true });
