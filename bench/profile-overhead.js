@@ -5,6 +5,12 @@
 // profiler attached, in alternating rounds. Needs root and a reader built
 // with its BPF program.
 //
+// The CPU ratio is noisy on a shared machine; alongside it, the run time the
+// kernel counts for the profiler's BPF programs (kernel.bpf_stats_enabled,
+// read from the programs' fdinfo) is reported as a share of the target's CPU:
+// an upper bound on what the programs take from the target, since the
+// sched_switch program also runs, and is counted, for every other task.
+//
 //   node bench/profile-overhead.js [--rounds 3] [--units 400] [--hz 99] [--off-cpu]
 
 const fs = require('node:fs');
@@ -68,6 +74,32 @@ const WORKLOAD_FILE = path.join(scratch, 'workload.js');
 fs.writeFileSync(WORKLOAD_FILE, WORKLOAD);
 process.on('exit', () => fs.rmSync(scratch, { recursive: true, force: true }));
 
+const BPF_STATS = '/proc/sys/kernel/bpf_stats_enabled';
+
+/** Run time and runs the kernel has counted for the BPF programs `pid` holds. */
+function bpfProgramStats(pid) {
+  let runTimeNs = 0;
+  let runs = 0;
+  let dir;
+  try {
+    dir = fs.readdirSync(`/proc/${pid}/fdinfo`);
+  } catch {
+    return null;
+  }
+  for (const fd of dir) {
+    let info;
+    try {
+      info = fs.readFileSync(`/proc/${pid}/fdinfo/${fd}`, 'utf8');
+    } catch {
+      continue;
+    }
+    if (!/^prog_type:/m.test(info)) continue;
+    runTimeNs += Number(info.match(/^run_time_ns:\s+(\d+)/m)?.[1] ?? 0);
+    runs += Number(info.match(/^run_cnt:\s+(\d+)/m)?.[1] ?? 0);
+  }
+  return { runTimeNs, runs };
+}
+
 async function once(opts, profiled) {
   const child = spawn(process.execPath, [WORKLOAD_FILE], { env: { ...process.env, UNITS: String(opts.units) }, stdio: ['pipe', 'pipe', 'inherit'] });
   const { next } = jsonLines(child.stdout);
@@ -82,12 +114,21 @@ async function once(opts, profiled) {
     // Let it attach before the work starts.
     await new Promise((r) => setTimeout(r, 1000));
   }
+  // The programs' counters, read until the profiler exits (it exits with
+  // its target, taking the counters with it; a reading while it closes its
+  // descriptors is partial, so the largest is kept).
+  let bpf = null;
+  const poll = profiler && setInterval(() => {
+    const now = bpfProgramStats(profiler.pid);
+    if (now && (!bpf || now.runTimeNs > bpf.runTimeNs)) bpf = now;
+  }, 100);
   child.stdin.write('go\n');
   const { cpuTicks } = await next('result', 600000);
   if (profiler) await new Promise((r) => profiler.once('exit', r));
+  if (poll) clearInterval(poll);
   const own = summary.match(/([\d.]+) µs per sample \((\d+) samples\)/);
   const truncated = summary.match(/truncated user stacks: ([^\n]*)/);
-  return { cpu: cpuTicks / 100, perSampleUs: own ? Number(own[1]) : null, samples: own ? Number(own[2]) : null, truncated: truncated?.[1] ?? null };
+  return { cpu: cpuTicks / 100, bpf, perSampleUs: own ? Number(own[1]) : null, samples: own ? Number(own[2]) : null, truncated: truncated?.[1] ?? null };
 }
 
 async function main() {
@@ -97,18 +138,33 @@ async function main() {
     console.log(`skipped: ${process.getuid() !== 0 ? 'needs root' : probe.stderr.trim()}`);
     return;
   }
+  let statsWere = null;
+  try {
+    statsWere = fs.readFileSync(BPF_STATS, 'utf8').trim();
+    fs.writeFileSync(BPF_STATS, '1');
+  } catch {
+    statsWere = null; // no counters: the share is not reported
+  }
+  process.on('exit', () => statsWere !== null && fs.writeFileSync(BPF_STATS, statsWere));
   const base = [];
   const prof = [];
   const perSample = [];
+  const bpfShare = [];
   for (let r = 0; r < opts.rounds; r++) {
     base.push((await once(opts, false)).cpu);
     const p = await once(opts, true);
     prof.push(p.cpu);
     perSample.push(p.perSampleUs);
-    console.log(`round ${r + 1}: target CPU ${base.at(-1).toFixed(2)} s without, ${prof.at(-1).toFixed(2)} s with profile at ${opts.hz} Hz${opts.offCpu ? ' --off-cpu' : ''}; the profiler: ${p.perSampleUs} µs of CPU per sample (${p.samples} samples); truncated user stacks: ${p.truncated}`);
+    let bpfText = '';
+    if (statsWere !== null && p.bpf) {
+      bpfShare.push(p.bpf.runTimeNs / 1e9 / p.cpu);
+      bpfText = `; BPF programs ${(p.bpf.runTimeNs / 1e6).toFixed(1)} ms in ${p.bpf.runs} runs (${(p.bpf.runTimeNs / Math.max(p.bpf.runs, 1) / 1000).toFixed(2)} µs each) = ${(100 * bpfShare.at(-1)).toFixed(2)} % of the target's CPU`;
+    }
+    console.log(`round ${r + 1}: target CPU ${base.at(-1).toFixed(2)} s without, ${prof.at(-1).toFixed(2)} s with profile at ${opts.hz} Hz${opts.offCpu ? ' --off-cpu' : ''}; the profiler: ${p.perSampleUs} µs of CPU per sample (${p.samples} samples); truncated user stacks: ${p.truncated}${bpfText}`);
   }
   const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
-  console.log(`Node ${process.version}: median target CPU ${median(base).toFixed(2)} s without, ${median(prof).toFixed(2)} s with: ratio ${(median(prof) / median(base)).toFixed(3)}; the profiler's own CPU: median ${median(perSample)} µs per sample`);
+  const bpfSummary = bpfShare.length ? `; BPF programs' run time: median ${(100 * median(bpfShare)).toFixed(2)} % of the target's CPU (an upper bound of their share)` : '';
+  console.log(`Node ${process.version}: median target CPU ${median(base).toFixed(2)} s without, ${median(prof).toFixed(2)} s with: ratio ${(median(prof) / median(base)).toFixed(3)}; the profiler's own CPU: median ${median(perSample)} µs per sample${bpfSummary}`);
 }
 
 main().catch((e) => {
