@@ -2,7 +2,7 @@
 //
 // Kernel side of `otel-thread-ctx profile`: on-CPU samples from a perf event
 // per CPU, and off-CPU intervals from sched_switch, for the threads of one
-// process. Each sample carries the thread's OTEP 4947 record as read at that
+// or more processes. Each sample carries the thread's OTEP 4947 record as read at that
 // instant, and the user and kernel stacks (frame-pointer unwinding), plus
 // the user registers and a copy of the user stack for unwinding with CFI
 // in userspace. The record is found through `otel_thread_ctx_v1` (it points
@@ -10,9 +10,11 @@
 // schema: a walk through V8's current AsyncContextFrame to the record), or
 // both.
 //
-// Userspace fills in the read-only globals before loading: which process,
-// how to find each schema's variable from a thread pointer (a static-TLS
-// offset, or a DTV slot and offset), and the V8 layout of the walk.
+// Userspace names the processes in the `targets` map, each with how to find
+// each schema's variable from a thread pointer (a static-TLS offset, or a
+// DTV slot and offset) and the V8 layout of the walk; it adds and removes
+// entries while the program runs (one for `profile --pid`, every publishing
+// process for the agent).
 
 #include <stdbool.h>
 #include <linux/bpf.h>
@@ -75,7 +77,7 @@ struct sample {
 	__u64 time_ns;            // CLOCK_MONOTONIC (bpf_ktime_get_ns)
 	__u64 off_cpu_ns;         // off-CPU samples: time from switch-out to switch-in
 	__s32 kernel_stack_bytes;
-	__u32 cpu;
+	__u32 tgid;               // the process: its key in `targets`
 	char comm[16];
 	__u8 record[ABI_RECORD_SIZE];
 	__u32 schema;             // enum schema: where record_status comes from
@@ -85,23 +87,37 @@ struct sample {
 	__u64 user_stack_copy_id; // the user_stack_copy sent for this sample; 0: none
 };
 
-const volatile __u32 target_tgid = 0;
-const volatile __u32 tls_mode = TLS_STATIC;
-const volatile __s64 tls_tp_offset = 0;
-const volatile __u64 tls_module_id = 0;
-const volatile __u64 tls_module_offset = 0;
-const volatile __u64 tls_dtv_pointer_offset = 8;
-// The Node.js schema's variable in each module that defines it (same modes
-// as above; unused entries are TLS_NONE), and the V8 layout.
-const volatile __u32 nodejs_tls_mode[ABI_NODE_MAX_MODULES] = { TLS_NONE, TLS_NONE, TLS_NONE, TLS_NONE };
-const volatile __s64 nodejs_tls_tp_offset[ABI_NODE_MAX_MODULES] = {};
-const volatile __u64 nodejs_tls_module_id[ABI_NODE_MAX_MODULES] = {};
-const volatile __u64 nodejs_tls_module_offset[ABI_NODE_MAX_MODULES] = {};
-_Static_assert(ABI_NODE_MAX_MODULES == 4, "nodejs_tls_mode's initializer names every module");
-const volatile __u64 v8_js_object_record_offset = ABI_NODE_DEFAULT_JS_OBJECT_RECORD_OFFSET;
-const volatile __u64 v8_tagged_size = ABI_NODE_DEFAULT_TAGGED_SIZE;
-const volatile __u64 v8_js_map_table_offset = ABI_NODE_DEFAULT_JS_MAP_TABLE_OFFSET;
-const volatile __u64 v8_ordered_hash_map_header_size = ABI_NODE_DEFAULT_ORDERED_HASH_MAP_HEADER_SIZE;
+// Where one schema's TLS variable is, from a thread pointer.
+struct tls_plan {
+	__u32 mode;               // enum tls_mode
+	__u32 reserved;
+	__s64 tp_offset;          // TLS_STATIC: variable = tp + tp_offset
+	__u64 module_id;          // TLS_DTV: the module's DTV slot
+	__u64 module_offset;      // TLS_DTV: offset in the module's block
+};
+
+// How to read one process's thread context; the value of `targets`. The
+// Rust side encodes it in one place (kernel.rs, TargetPlan::encode).
+struct target {
+	struct tls_plan record;   // otel_thread_ctx_v1 (TLS_NONE: no such module)
+	// The Node.js schema's variable in each module that defines it, in the
+	// order they are tried; unused entries are TLS_NONE.
+	struct tls_plan nodejs[ABI_NODE_MAX_MODULES];
+	__u64 dtv_pointer_offset; // the DTV pointer's offset from the thread pointer
+	// The V8 layout of the Node.js walk.
+	__u64 v8_js_object_record_offset;
+	__u64 v8_tagged_size;
+	__u64 v8_js_map_table_offset;
+	__u64 v8_ordered_hash_map_header_size;
+};
+
+// The profiled processes, by tgid. Userspace sets max_entries.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct target);
+} targets SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -142,15 +158,16 @@ static __always_inline void count(__u32 which)
 
 // Finds a TLS variable from the thread pointer: at a static offset, or in
 // the thread's DTV block of the module. Shared by both schemas' variables.
-static __always_inline __u32 tls_variable(__u64 tp, __u32 mode, __s64 tp_offset, __u64 module_id,
-					  __u64 module_offset, __u64 *variable)
+static __always_inline __u32 tls_variable(const struct target *t, __u64 tp,
+					  const struct tls_plan *plan, __u64 *variable)
 {
-	if (mode == TLS_STATIC) {
-		*variable = tp + tp_offset;
+	if (plan->mode == TLS_STATIC) {
+		*variable = tp + plan->tp_offset;
 		return RECORD_READ;
 	}
+	__u64 module_id = plan->module_id;
 	__u64 dtv = 0, slots = 0, block = 0;
-	if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + tls_dtv_pointer_offset)) || !dtv)
+	if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + t->dtv_pointer_offset)) || !dtv)
 		return RECORD_UNREADABLE;
 	// dtv[-1] holds the slot count; entries are { pointer, to_free }.
 	if (bpf_probe_read_user(&slots, sizeof(slots), (void *)(dtv - 16)))
@@ -161,7 +178,7 @@ static __always_inline __u32 tls_variable(__u64 tp, __u32 mode, __s64 tp_offset,
 		return RECORD_UNREADABLE;
 	if (block == 0 || block == (__u64)-1)
 		return RECORD_NO_TLS_BLOCK;
-	*variable = block + module_offset;
+	*variable = block + plan->module_offset;
 	return RECORD_READ;
 }
 
@@ -183,14 +200,14 @@ static __always_inline __u32 copy_record(__u64 record, __u8 *dst)
 }
 
 // Follows the thread pointer to the record and copies it.
-static __always_inline __u32 read_record(struct task_struct *task, __u8 *dst)
+static __always_inline __u32 read_record(const struct target *t, struct task_struct *task,
+					 __u8 *dst)
 {
-	if (tls_mode == TLS_NONE)
+	if (t->record.mode == TLS_NONE)
 		return RECORD_NULL;
 	__u64 tp = BPF_CORE_READ(task, thread.fsbase);
 	__u64 variable = 0;
-	__u32 status = tls_variable(tp, tls_mode, tls_tp_offset, tls_module_id, tls_module_offset,
-				    &variable);
+	__u32 status = tls_variable(t, tp, &t->record, &variable);
 	if (status != RECORD_READ)
 		return status;
 	__u64 record = 0;
@@ -227,18 +244,17 @@ static __always_inline int read_word(__u64 *dst, __u64 addr)
 // Several modules may define the variable (a writer in use beside an addon
 // that is loaded but idle): the walk follows the first module whose block
 // is published for this thread (cped_slot != 0).
-static __always_inline __u32 read_nodejs_record(struct task_struct *task, __u8 *dst)
+static __always_inline __u32 read_nodejs_record(const struct target *t, struct task_struct *task,
+						__u8 *dst)
 {
 	__u64 tp = BPF_CORE_READ(task, thread.fsbase);
 	__u64 block[ABI_NODE_SIZE / 8] = {};
 	__u32 status = NODE_NOT_PUBLISHED;
 	for (int i = 0; i < ABI_NODE_MAX_MODULES; i++) {
-		if (nodejs_tls_mode[i] == TLS_NONE)
+		if (t->nodejs[i].mode == TLS_NONE)
 			break;
 		__u64 variable = 0;
-		__u32 located = tls_variable(tp, nodejs_tls_mode[i], nodejs_tls_tp_offset[i],
-					     nodejs_tls_module_id[i], nodejs_tls_module_offset[i],
-					     &variable);
+		__u32 located = tls_variable(t, tp, &t->nodejs[i], &variable);
 		if (located == RECORD_NO_TLS_BLOCK)
 			continue;
 		if (located != RECORD_READ || bpf_probe_read_user(block, sizeof(block), (void *)variable)) {
@@ -258,18 +274,18 @@ static __always_inline __u32 read_nodejs_record(struct task_struct *task, __u8 *
 	__u64 als_handle = block[ABI_NODE_OFFSET_ALS_HANDLE / 8];
 	__u32 hash = (__u32)block[ABI_NODE_OFFSET_ALS_IDENTITY_HASH / 8];
 	__u64 undefined = block[ABI_NODE_OFFSET_UNDEFINED_ADDR / 8];
-	if (v8_tagged_size != 8)
+	if (t->v8_tagged_size != 8)
 		return NODE_WRONG_OBJECT;
 	__u64 frame = 0, table = 0, als = 0, head = 0;
 	if (read_word(&frame, cped_slot))
 		return RECORD_UNREADABLE;
 	if (frame == undefined || !is_heap_object(frame))
 		return NODE_NO_FRAME;
-	if (read_word(&table, frame - 1 + v8_js_map_table_offset))
+	if (read_word(&table, frame - 1 + t->v8_js_map_table_offset))
 		return RECORD_UNREADABLE;
 	if (!is_heap_object(table))
 		return NODE_WRONG_OBJECT;
-	__u64 base = table - 1 + v8_ordered_hash_map_header_size;
+	__u64 base = table - 1 + t->v8_ordered_hash_map_header_size;
 	__u64 counts[ABI_NODE_TABLE_PREFIX_WORDS];
 	if (bpf_probe_read_user(counts, sizeof(counts), (void *)base))
 		return RECORD_UNREADABLE;
@@ -320,7 +336,7 @@ static __always_inline __u32 read_nodejs_record(struct task_struct *task, __u8 *
 	if (!is_heap_object(value))
 		return NODE_WRONG_OBJECT;
 	__u64 record = 0;
-	if (read_word(&record, value - 1 + v8_js_object_record_offset))
+	if (read_word(&record, value - 1 + t->v8_js_object_record_offset))
 		return RECORD_UNREADABLE;
 	// A wrapper without a record, or a misaligned one: an invalid record.
 	if (!record || (record & 1)) {
@@ -330,23 +346,24 @@ static __always_inline __u32 read_nodejs_record(struct task_struct *task, __u8 *
 	return copy_record(record, dst);
 }
 
-static __always_inline void fill(void *ctx, struct sample *s, struct task_struct *task, __u32 kind)
+static __always_inline void fill(void *ctx, struct sample *s, const struct target *t,
+				 struct task_struct *task, __u32 kind)
 {
 	s->kind = kind;
 	s->tid = BPF_CORE_READ(task, pid);
+	s->tgid = BPF_CORE_READ(task, tgid);
 	s->time_ns = bpf_ktime_get_ns();
 	s->off_cpu_ns = 0;
-	s->cpu = bpf_get_smp_processor_id();
 	BPF_CORE_READ_STR_INTO(&s->comm, task, comm);
 	s->record[ABI_OFFSET_VALID] = 0;
 	s->schema = SCHEMA_RECORD;
-	s->record_status = read_record(task, s->record);
+	s->record_status = read_record(t, task, s->record);
 	// As the reader does: a span from either schema (the record's first),
 	// else the Node.js walk's reason when its block is published.
 	bool record_span = s->record_status == RECORD_READ && s->record[ABI_OFFSET_VALID] == ABI_VALID;
-	if (nodejs_tls_mode[0] != TLS_NONE && !record_span) {
-		__u32 status = read_nodejs_record(task, s->record);
-		if (status != NODE_NOT_PUBLISHED || tls_mode == TLS_NONE) {
+	if (t->nodejs[0].mode != TLS_NONE && !record_span) {
+		__u32 status = read_nodejs_record(t, task, s->record);
+		if (status != NODE_NOT_PUBLISHED || t->record.mode == TLS_NONE) {
 			s->schema = SCHEMA_NODEJS;
 			s->record_status = status;
 		}
@@ -498,7 +515,9 @@ static __always_inline __u64 send_user_stack(struct task_struct *task)
 SEC("perf_event")
 int on_cpu(void *ctx)
 {
-	if (bpf_get_current_pid_tgid() >> 32 != target_tgid)
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	const struct target *t = bpf_map_lookup_elem(&targets, &tgid);
+	if (!t)
 		return 0;
 	// The copy goes first: the ring keeps records in reservation order.
 	__u64 copy_id = send_user_stack((struct task_struct *)bpf_get_current_task_btf());
@@ -507,7 +526,7 @@ int on_cpu(void *ctx)
 		count(LOST_RING_FULL);
 		return 0;
 	}
-	fill(ctx, s, (struct task_struct *)bpf_get_current_task(), KIND_CPU);
+	fill(ctx, s, t, (struct task_struct *)bpf_get_current_task(), KIND_CPU);
 	s->user_stack_copy_id = copy_id;
 	bpf_ringbuf_submit(s, 0);
 	return 0;
@@ -527,17 +546,20 @@ int BPF_PROG(off_cpu, bool preempt, struct task_struct *prev, struct task_struct
 	__u32 zero = 0;
 	// Switch-out of a target thread that waits (not one merely preempted):
 	// its stack and record now, the time when it comes back.
-	if (BPF_CORE_READ(prev, tgid) == target_tgid && !still_runnable(prev)) {
+	__u32 prev_tgid = BPF_CORE_READ(prev, tgid);
+	const struct target *t = bpf_map_lookup_elem(&targets, &prev_tgid);
+	if (t && !still_runnable(prev)) {
 		struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
 		if (s) {
-			fill(ctx, s, prev, KIND_OFF_CPU);
+			fill(ctx, s, t, prev, KIND_OFF_CPU);
 			s->user_stack_copy_id = send_user_stack(prev);
 			__u32 tid = s->tid;
 			if (bpf_map_update_elem(&blocked, &tid, s, BPF_ANY))
 				count(LOST_BLOCKED_FULL);
 		}
 	}
-	if (BPF_CORE_READ(next, tgid) == target_tgid) {
+	__u32 next_tgid = BPF_CORE_READ(next, tgid);
+	if (bpf_map_lookup_elem(&targets, &next_tgid)) {
 		__u32 tid = BPF_CORE_READ(next, pid);
 		struct sample *s = bpf_map_lookup_elem(&blocked, &tid);
 		if (s) {

@@ -24,6 +24,7 @@ mod layout {
     pub const TIME_NS: usize = 16;
     pub const OFF_CPU_NS: usize = 24;
     pub const KERNEL_STACK_BYTES: usize = 32;
+    pub const TGID: usize = 36;
     pub const COMM: usize = 40;
     pub const RECORD: usize = 56;
     pub const SCHEMA: usize = RECORD + super::RECORD_SIZE;
@@ -94,6 +95,8 @@ pub enum Kind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sample {
     pub kind: Kind,
+    /// The process (its entry in the program's `targets`).
+    pub tgid: u32,
     pub tid: u32,
     pub comm: String,
     /// CLOCK_MONOTONIC nanoseconds (on-CPU: the tick; off-CPU: the switch-out).
@@ -244,6 +247,7 @@ pub fn decode(b: &[u8]) -> Option<Sample> {
     };
     Some(Sample {
         kind,
+        tgid: u32_at(b, layout::TGID),
         tid: u32_at(b, layout::TID),
         comm: String::from_utf8_lossy(&comm[..comm_len]).into_owned(),
         time_ns: u64_at(b, layout::TIME_NS),
@@ -264,75 +268,113 @@ pub fn decode(b: &[u8]) -> Option<Sample> {
     })
 }
 
-/// The program's read-only globals for a target: its pid, how a thread
-/// pointer leads to `otel_thread_ctx_v1` and to `otel_thread_ctx_nodejs_v1`,
-/// and the V8 layout of the Node.js walk.
+/// How the program reads one process's thread context: the value of its
+/// entry in the program's `targets` map (`struct target`), keyed by tgid.
+/// How a thread pointer leads to `otel_thread_ctx_v1` and to
+/// `otel_thread_ctx_nodejs_v1`, and the V8 layout of the Node.js walk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Globals {
+pub struct TargetPlan {
     pub tgid: u32,
-    pub tls_mode: u32,
-    pub tp_offset: i64,
-    pub module_id: u64,
-    pub module_offset: u64,
-    pub dtv_pointer_offset: u64,
+    /// `otel_thread_ctx_v1`'s module, if any.
+    pub record: TlsPlan,
     /// One entry per module defining the Node.js schema's variable, in the
-    /// order the program tries them; unused entries have `TLS_NONE`.
-    pub nodejs_tls_mode: [u32; MAX_MODULES],
-    pub nodejs_tp_offset: [i64; MAX_MODULES],
-    pub nodejs_module_id: [u64; MAX_MODULES],
-    pub nodejs_module_offset: [u64; MAX_MODULES],
+    /// order the program tries them; unused entries are [`TlsPlan::NONE`].
+    pub nodejs: [TlsPlan; MAX_MODULES],
+    pub dtv_pointer_offset: u64,
     pub layout: V8Layout,
 }
 
-/// `(tls_mode, tp_offset, module_id, module_offset)` of a plan.
-fn tls_globals(plan: Option<&Plan>) -> (u32, i64, u64, u64) {
-    match plan {
-        Some(&Plan::Static { tp_offset }) => (0, tp_offset, 0, 0),
-        Some(&Plan::Dtv { module_id, offset }) => (1, 0, module_id, offset),
-        None => (TLS_NONE, 0, 0, 0),
+/// `struct tls_plan`: where one schema's variable is from a thread pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TlsPlan {
+    /// `enum tls_mode`: static, DTV, or none.
+    pub mode: u32,
+    pub tp_offset: i64,
+    pub module_id: u64,
+    pub module_offset: u64,
+}
+
+/// `tls_mode` for a variable that cannot be resolved: its samples then say
+/// "no record".
+const TLS_NONE: u32 = 2;
+
+impl TlsPlan {
+    pub const NONE: TlsPlan = TlsPlan {
+        mode: TLS_NONE,
+        tp_offset: 0,
+        module_id: 0,
+        module_offset: 0,
+    };
+
+    fn of(plan: &Plan) -> TlsPlan {
+        match *plan {
+            Plan::Static { tp_offset } => TlsPlan {
+                mode: 0,
+                tp_offset,
+                ..TlsPlan::NONE
+            },
+            Plan::Dtv { module_id, offset } => TlsPlan {
+                mode: 1,
+                tp_offset: 0,
+                module_id,
+                module_offset: offset,
+            },
+        }
     }
 }
 
-/// `tls_mode` for a process whose thread context cannot be resolved: every
-/// sample then says "no record".
-const TLS_NONE: u32 = 2;
+/// Bytes of `struct tls_plan`.
+const TLS_PLAN_SIZE: usize = 32;
 
-impl Globals {
+/// Bytes of `struct target`: the record's plan, the Node.js modules' plans,
+/// the DTV pointer's offset and four words of V8 layout.
+pub const TARGET_SIZE: usize = TLS_PLAN_SIZE * (1 + MAX_MODULES) + 8 + 4 * 8;
+
+impl TargetPlan {
     pub fn new(
         tgid: u32,
         plan: Option<&Plan>,
         nodejs_plans: &[Plan],
         layout: V8Layout,
         dtv_pointer_offset: u64,
-    ) -> Globals {
-        let (tls_mode, tp_offset, module_id, module_offset) = tls_globals(plan);
-        let mut nodejs_tls_mode = [TLS_NONE; MAX_MODULES];
-        let mut nodejs_tp_offset = [0; MAX_MODULES];
-        let mut nodejs_module_id = [0; MAX_MODULES];
-        let mut nodejs_module_offset = [0; MAX_MODULES];
+    ) -> TargetPlan {
+        let mut nodejs = [TlsPlan::NONE; MAX_MODULES];
         // Modules past the program's bound are not read (the summary's
         // module list still names them).
-        for (i, plan) in nodejs_plans.iter().take(MAX_MODULES).enumerate() {
-            (
-                nodejs_tls_mode[i],
-                nodejs_tp_offset[i],
-                nodejs_module_id[i],
-                nodejs_module_offset[i],
-            ) = tls_globals(Some(plan));
+        for (slot, plan) in nodejs.iter_mut().zip(nodejs_plans) {
+            *slot = TlsPlan::of(plan);
         }
-        Globals {
+        TargetPlan {
             tgid,
-            tls_mode,
-            tp_offset,
-            module_id,
-            module_offset,
+            record: plan.map_or(TlsPlan::NONE, TlsPlan::of),
+            nodejs,
             dtv_pointer_offset,
-            nodejs_tls_mode,
-            nodejs_tp_offset,
-            nodejs_module_id,
-            nodejs_module_offset,
             layout,
         }
+    }
+
+    /// The `struct target` value, in the program's layout (native endian,
+    /// no padding: every field is naturally aligned).
+    pub fn encode(&self) -> [u8; TARGET_SIZE] {
+        let mut out = [0u8; TARGET_SIZE];
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            out[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        for plan in std::iter::once(&self.record).chain(&self.nodejs) {
+            put(&plan.mode.to_ne_bytes());
+            put(&0u32.to_ne_bytes());
+            put(&plan.tp_offset.to_ne_bytes());
+            put(&plan.module_id.to_ne_bytes());
+            put(&plan.module_offset.to_ne_bytes());
+        }
+        put(&self.dtv_pointer_offset.to_ne_bytes());
+        put(&self.layout.js_object_record_offset.to_ne_bytes());
+        put(&self.layout.tagged_size.to_ne_bytes());
+        put(&self.layout.js_map_table_offset.to_ne_bytes());
+        put(&self.layout.ordered_hash_map_header_size.to_ne_bytes());
+        out
     }
 }
 
@@ -377,18 +419,19 @@ mod loaded {
     use std::os::fd::{AsFd, AsRawFd};
     use std::time::Duration;
 
-    use aya::maps::{MapData, PerCpuArray, RingBuf};
+    use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
     use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
     use aya::programs::{BtfTracePoint, PerfEvent};
     use aya::{Btf, Ebpf, EbpfLoader};
 
-    use super::{decode_item, AttachError, Globals, Pairing, Sample};
+    use super::{decode_item, AttachError, Pairing, Sample, TargetPlan, TARGET_SIZE};
 
     static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profile.bpf.o"));
 
     /// The attached program and its ring buffer.
     pub struct Loaded {
         ring: RingBuf<MapData>,
+        targets: HashMap<MapData, u32, [u8; TARGET_SIZE]>,
         counters: PerCpuArray<MapData, u64>,
         pairing: Pairing,
         // Holds the programs and links: dropping it detaches everything.
@@ -403,43 +446,15 @@ mod loaded {
     }
 
     impl Loaded {
-        /// Loads the program for `globals`, attaches a perf event per online
-        /// CPU at `hz`, and sched_switch when `off_cpu`.
-        pub fn attach(globals: &Globals, hz: u64, off_cpu: bool) -> Result<Loaded, AttachError> {
+        /// Loads the program with room for `max_targets` processes, attaches
+        /// a perf event per online CPU at `hz`, and sched_switch when
+        /// `off_cpu`. Nothing is sampled until [`Loaded::add_target`].
+        pub fn attach(hz: u64, off_cpu: bool, max_targets: u32) -> Result<Loaded, AttachError> {
             let cpus = aya::util::nr_cpus().map_err(|(_, e)| format!("counting CPUs: {e}"))?;
             let mut loader = EbpfLoader::new();
             loader
                 .map_max_entries("stack_scratch", cpus as u32)
-                .override_global("target_tgid", &globals.tgid, true)
-                .override_global("tls_mode", &globals.tls_mode, true)
-                .override_global("tls_tp_offset", &globals.tp_offset, true)
-                .override_global("tls_module_id", &globals.module_id, true)
-                .override_global("tls_module_offset", &globals.module_offset, true)
-                .override_global("tls_dtv_pointer_offset", &globals.dtv_pointer_offset, true)
-                .override_global("nodejs_tls_mode", &globals.nodejs_tls_mode, true)
-                .override_global("nodejs_tls_tp_offset", &globals.nodejs_tp_offset, true)
-                .override_global("nodejs_tls_module_id", &globals.nodejs_module_id, true)
-                .override_global(
-                    "nodejs_tls_module_offset",
-                    &globals.nodejs_module_offset,
-                    true,
-                )
-                .override_global(
-                    "v8_js_object_record_offset",
-                    &globals.layout.js_object_record_offset,
-                    true,
-                )
-                .override_global("v8_tagged_size", &globals.layout.tagged_size, true)
-                .override_global(
-                    "v8_js_map_table_offset",
-                    &globals.layout.js_map_table_offset,
-                    true,
-                )
-                .override_global(
-                    "v8_ordered_hash_map_header_size",
-                    &globals.layout.ordered_hash_map_header_size,
-                    true,
-                );
+                .map_max_entries("targets", max_targets.max(1));
             let mut ebpf = loader
                 .load(OBJECT)
                 .map_err(|e| explain("loading the BPF object", &e))?;
@@ -482,12 +497,29 @@ mod loaded {
             let counters =
                 PerCpuArray::try_from(ebpf.take_map("counters").ok_or("no counters map")?)
                     .map_err(|e| format!("counters map: {e}"))?;
+            let targets = HashMap::try_from(ebpf.take_map("targets").ok_or("no targets map")?)
+                .map_err(|e| format!("targets map: {e}"))?;
             Ok(Loaded {
                 ring,
                 counters,
+                targets,
                 pairing: Pairing::default(),
                 _ebpf: ebpf,
             })
+        }
+
+        /// Samples the process `plan` names from now on (or with this plan,
+        /// when it already was).
+        pub fn add_target(&mut self, plan: &TargetPlan) -> Result<(), AttachError> {
+            self.targets
+                .insert(plan.tgid, plan.encode(), 0)
+                .map_err(|e| explain(&format!("adding pid {} to the targets", plan.tgid), &e))
+        }
+
+        /// Stops sampling process `tgid` (nothing when it was not sampled).
+        pub fn remove_target(&mut self, tgid: u32) {
+            // Not found is the only failure: the entry is gone either way.
+            let _ = self.targets.remove(&tgid);
         }
 
         /// Waits up to `timeout` for samples, then hands every pending one
@@ -551,6 +583,7 @@ mod tests {
         let mut b = vec![0u8; SAMPLE_SIZE];
         b[layout::KIND..][..4].copy_from_slice(&kind.to_ne_bytes());
         b[layout::TID..][..4].copy_from_slice(&4242u32.to_ne_bytes());
+        b[layout::TGID..][..4].copy_from_slice(&4200u32.to_ne_bytes());
         b[layout::RECORD_STATUS..][..4].copy_from_slice(&status.to_ne_bytes());
         b[layout::USER_STACK_BYTES..][..4]
             .copy_from_slice(&((user.len() * 8) as i32).to_ne_bytes());
@@ -598,7 +631,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(s.kind, Kind::OffCpu);
-        assert_eq!(s.tid, 4242);
+        assert_eq!((s.tgid, s.tid), (4200, 4242));
         assert_eq!(s.comm, "node");
         assert_eq!(s.off_cpu_ns, 1_500);
         assert_eq!(s.user_stack, vec![0x10, 0x20]);
@@ -698,41 +731,70 @@ mod tests {
     }
 
     #[test]
-    fn globals_follow_the_resolution_plan() {
+    fn target_plans_follow_the_resolution_plan() {
         use otel_thread_ctx_abi::node_schema::DEFAULT_LAYOUT;
         let dtv = Plan::Dtv {
             module_id: 3,
             offset: 0x18,
         };
-        let g = Globals::new(
+        let g = TargetPlan::new(
             9,
             Some(&Plan::Static { tp_offset: -440 }),
             &[],
             DEFAULT_LAYOUT,
             8,
         );
-        assert_eq!((g.tls_mode, g.tp_offset), (0, -440));
-        assert_eq!(g.nodejs_tls_mode, [TLS_NONE; MAX_MODULES]);
-        let g = Globals::new(9, Some(&dtv), &[dtv], DEFAULT_LAYOUT, 8);
-        assert_eq!((g.tls_mode, g.module_id, g.module_offset), (1, 3, 0x18));
+        assert_eq!((g.record.mode, g.record.tp_offset), (0, -440));
+        assert_eq!(g.nodejs, [TlsPlan::NONE; MAX_MODULES]);
+        let g = TargetPlan::new(9, Some(&dtv), &[dtv], DEFAULT_LAYOUT, 8);
         assert_eq!(
-            (
-                g.nodejs_tls_mode[0],
-                g.nodejs_module_id[0],
-                g.nodejs_module_offset[0]
-            ),
+            (g.record.mode, g.record.module_id, g.record.module_offset),
             (1, 3, 0x18)
         );
-        assert_eq!(g.nodejs_tls_mode[1..], [TLS_NONE; MAX_MODULES - 1]);
-        let g = Globals::new(
+        assert_eq!(g.nodejs[0], g.record);
+        assert_eq!(g.nodejs[1..], [TlsPlan::NONE; MAX_MODULES - 1]);
+        let g = TargetPlan::new(
             9,
             None,
             &[Plan::Static { tp_offset: -632 }, dtv],
             DEFAULT_LAYOUT,
             8,
         );
-        assert_eq!(g.tls_mode, TLS_NONE);
-        assert_eq!((g.nodejs_tls_mode[0], g.nodejs_tp_offset[0]), (0, -632));
-        assert_eq!((g.nodejs_tls_mode[1], g.nodejs_module_id[1]), (1, 3));
+        assert_eq!(g.record.mode, TLS_NONE);
+        assert_eq!((g.nodejs[0].mode, g.nodejs[0].tp_offset), (0, -632));
+        assert_eq!((g.nodejs[1].mode, g.nodejs[1].module_id), (1, 3));
+    }
+
+    #[test]
+    fn a_target_plan_encodes_as_struct_target() {
+        use otel_thread_ctx_abi::node_schema::DEFAULT_LAYOUT;
+        let plan = TargetPlan::new(
+            9,
+            Some(&Plan::Static { tp_offset: -440 }),
+            &[Plan::Dtv {
+                module_id: 3,
+                offset: 0x18,
+            }],
+            DEFAULT_LAYOUT,
+            8,
+        );
+        let b = plan.encode();
+        let i64_at = |o: usize| i64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+        // record: mode, reserved, tp_offset, module_id, module_offset.
+        assert_eq!((u32_at(&b, 0), i64_at(8)), (0, -440));
+        // nodejs[0] follows at 32: DTV slot 3, offset 0x18.
+        assert_eq!((u32_at(&b, 32), u64_at(&b, 48), u64_at(&b, 56)), (1, 3, 0x18));
+        // nodejs[1..] are TLS_NONE.
+        assert_eq!(u32_at(&b, 64), TLS_NONE);
+        assert_eq!(u32_at(&b, 64 + 2 * 32), TLS_NONE);
+        // Then the DTV pointer's offset and the V8 layout.
+        let tail = TLS_PLAN_SIZE * (1 + MAX_MODULES);
+        assert_eq!(u64_at(&b, tail), 8);
+        assert_eq!(u64_at(&b, tail + 8), DEFAULT_LAYOUT.js_object_record_offset);
+        assert_eq!(
+            u64_at(&b, tail + 32),
+            DEFAULT_LAYOUT.ordered_hash_map_header_size
+        );
+        assert_eq!(TARGET_SIZE, tail + 40);
     }
 }

@@ -197,18 +197,18 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
         });
     }
     let layout = crate::process_context::lookup(&target.maps, &target.memory).v8_layout();
-    let globals = kernel::Globals::new(
+    let plan = kernel::TargetPlan::new(
         opts.pid as u32,
         record_plan.as_ref(),
         &nodejs_plans,
         layout,
         crate::tls::HOST.dtv_pointer_offset,
     );
-    sample(opts, target, globals, lines)
+    sample(opts, target, plan, lines)
 }
 
 #[cfg(not(profile_bpf))]
-fn sample(_: &Options, _: Target, _: kernel::Globals, _: Vec<String>) -> Result<Report, Fatal> {
+fn sample(_: &Options, _: Target, _: kernel::TargetPlan, _: Vec<String>) -> Result<Report, Fatal> {
     unreachable!("kernel::unavailable() is Some without the BPF program")
 }
 
@@ -216,12 +216,12 @@ fn sample(_: &Options, _: Target, _: kernel::Globals, _: Vec<String>) -> Result<
 fn sample(
     opts: &Options,
     target: Target,
-    globals: kernel::Globals,
+    plan: kernel::TargetPlan,
     mut lines: Vec<String>,
 ) -> Result<Report, Fatal> {
     let pid = opts.pid;
-    let mut loaded =
-        kernel::Loaded::attach(&globals, opts.hz, opts.off_cpu).map_err(ProfileError::from)?;
+    let mut loaded = kernel::Loaded::attach(opts.hz, opts.off_cpu, 1).map_err(ProfileError::from)?;
+    loaded.add_target(&plan).map_err(ProfileError::from)?;
     let start_monotonic_ns = thread::monotonic_ns();
     let start_unix_ns = unix_now_ns();
     let started = Instant::now();
@@ -261,6 +261,8 @@ fn sample(
                 context = found;
             }
             if thread::process_exited(pid) {
+                // Its pid may be reused: sample nothing under it.
+                loaded.remove_target(pid as u32);
                 target_exited = true;
                 break;
             }

@@ -267,6 +267,7 @@ pub mod tests {
     ) -> Sample {
         Sample {
             kind,
+            tgid: 1,
             tid,
             comm: format!("t{tid}"),
             time_ns: 1_000,
