@@ -783,7 +783,10 @@ mod tests {
         // record: mode, reserved, tp_offset, module_id, module_offset.
         assert_eq!((u32_at(&b, 0), i64_at(8)), (0, -440));
         // nodejs[0] follows at 32: DTV slot 3, offset 0x18.
-        assert_eq!((u32_at(&b, 32), u64_at(&b, 48), u64_at(&b, 56)), (1, 3, 0x18));
+        assert_eq!(
+            (u32_at(&b, 32), u64_at(&b, 48), u64_at(&b, 56)),
+            (1, 3, 0x18)
+        );
         // nodejs[1..] are TLS_NONE.
         assert_eq!(u32_at(&b, 64), TLS_NONE);
         assert_eq!(u32_at(&b, 64 + 2 * 32), TLS_NONE);

@@ -220,7 +220,8 @@ fn sample(
     mut lines: Vec<String>,
 ) -> Result<Report, Fatal> {
     let pid = opts.pid;
-    let mut loaded = kernel::Loaded::attach(opts.hz, opts.off_cpu, 1).map_err(ProfileError::from)?;
+    let mut loaded =
+        kernel::Loaded::attach(opts.hz, opts.off_cpu, 1).map_err(ProfileError::from)?;
     loaded.add_target(&plan).map_err(ProfileError::from)?;
     let start_monotonic_ns = thread::monotonic_ns();
     let start_unix_ns = unix_now_ns();
