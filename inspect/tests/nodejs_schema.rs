@@ -8,36 +8,33 @@
 //! more thread, so both schemas are read in one process. With root and the
 //! BPF build, `profile` must find the same at the sample (threads spinning).
 
+mod common;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use serde_json::Value;
 
-const READER: &str = env!("CARGO_BIN_EXE_otel-thread-ctx");
+use common::{build_dir, by_thread, fixture_source, gcc, inspect_json, reader, thread, Running};
 
 /// Builds the two hosts once per test run; returns their directory.
 fn fixtures() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v8heap.c");
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("v8heap-fixtures");
-        std::fs::create_dir_all(&out).unwrap();
-        for (name, defines) in [("v8heap", &[][..]), ("v8heap_both", &["-DWITH_RECORD"][..])] {
-            let st = Command::new("gcc")
-                .args(["-O1", "-g", "-Wall", "-Werror", "-rdynamic"])
-                .args(defines)
-                .arg("-o")
-                .arg(out.join(name))
-                .arg(&src)
-                .arg("-lpthread")
-                .status()
-                .expect("gcc runs");
-            assert!(st.success(), "gcc {name} failed");
+        let src = fixture_source("v8heap.c");
+        let out = build_dir("v8heap-fixtures");
+        for (name, define) in [("v8heap", None), ("v8heap_both", Some("-DWITH_RECORD"))] {
+            let exe = out.join(name);
+            let mut args = vec!["-rdynamic"];
+            args.extend(define);
+            args.extend([
+                "-o",
+                exe.to_str().unwrap(),
+                src.to_str().unwrap(),
+                "-lpthread",
+            ]);
+            gcc(&args);
         }
         out
     })
@@ -51,17 +48,10 @@ enum Expect {
 }
 
 struct Host {
-    child: Child,
+    _process: Running,
     pid: i32,
     /// tid -> (role, expectation)
     expect: HashMap<i32, (String, Expect)>,
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn spawn(program: &str) -> Host {
@@ -69,86 +59,38 @@ fn spawn(program: &str) -> Host {
 }
 
 fn spawn_with(program: &str, args: &[&str]) -> Host {
-    let mut child = Command::new(fixtures().join(program))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("host starts");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            if tx.send(line.unwrap_or_default()).is_err() {
-                break;
-            }
+    let process = Running::start(&fixtures().join(program), args);
+    let mut expect = HashMap::new();
+    process.until_ready(|w| match w {
+        ["expect", tid, role, "valid", trace, span] => {
+            expect.insert(
+                tid.parse().unwrap(),
+                (
+                    role.to_string(),
+                    Expect::Span {
+                        trace: trace.to_string(),
+                        span: span.to_string(),
+                    },
+                ),
+            );
         }
+        ["expect", tid, role, reason] => {
+            expect.insert(
+                tid.parse().unwrap(),
+                (role.to_string(), Expect::NoSpan(reason.to_string())),
+            );
+        }
+        _ => panic!("unexpected host output {w:?}"),
     });
-    let mut host = Host {
-        pid: child.id() as i32,
-        child,
-        expect: HashMap::new(),
-    };
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("host prints ready");
-        let w: Vec<&str> = line.split_whitespace().collect();
-        match w.as_slice() {
-            ["ready", _] => break,
-            ["expect", tid, role, "valid", trace, span] => {
-                host.expect.insert(
-                    tid.parse().unwrap(),
-                    (
-                        role.to_string(),
-                        Expect::Span {
-                            trace: trace.to_string(),
-                            span: span.to_string(),
-                        },
-                    ),
-                );
-            }
-            ["expect", tid, role, reason] => {
-                host.expect.insert(
-                    tid.parse().unwrap(),
-                    (role.to_string(), Expect::NoSpan(reason.to_string())),
-                );
-            }
-            _ => panic!("unexpected host output {line:?}"),
-        }
+    Host {
+        pid: process.pid,
+        _process: process,
+        expect,
     }
-    host
-}
-
-fn reader(args: &[&str]) -> std::process::Output {
-    Command::new(READER)
-        .args(args)
-        .output()
-        .expect("reader runs")
-}
-
-fn inspect(pid: i32) -> Value {
-    let out = reader(&["inspect", "--pid", &pid.to_string(), "--json"]);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "bad JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-fn thread(report: &Value, tid: i32) -> &Value {
-    report["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tid"] == tid)
-        .unwrap_or_else(|| panic!("thread {tid} missing: {report:#}"))
 }
 
 fn check_inspect(host: &Host, with_record: bool) {
-    let report = inspect(host.pid);
+    let (_, report) = inspect_json(host.pid);
     let modules = report["modules"].as_array().unwrap();
     let schemas: Vec<&str> = modules
         .iter()
@@ -222,30 +164,29 @@ fn role_tid(host: &Host, role: &str) -> i32 {
         .0
 }
 
-fn check_sample(host: &Host, with_record: bool) {
-    let out = reader(&[
+/// `sample` of `pid` at 20 Hz for `duration` seconds, printing `output`
+/// (`--raw` reads or the `--json` summary).
+fn sample(pid: i32, duration: &str, output: &str) -> std::process::Output {
+    reader(&[
         "sample",
         "--pid",
-        &host.pid.to_string(),
+        &pid.to_string(),
         "--hz",
         "20",
         "--duration",
-        "0.5",
-        "--raw",
-    ]);
+        duration,
+        output,
+    ])
+}
+
+fn check_sample(host: &Host, with_record: bool) {
+    let out = sample(host.pid, "0.5", "--raw");
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut lines: HashMap<i32, Vec<Value>> = HashMap::new();
-    for line in String::from_utf8(out.stdout).unwrap().lines() {
-        let v: Value = serde_json::from_str(line).unwrap();
-        lines
-            .entry(v["tid"].as_i64().unwrap() as i32)
-            .or_default()
-            .push(v);
-    }
+    let lines = by_thread(&String::from_utf8(out.stdout).unwrap());
     for (tid, (role, expect)) in &host.expect {
         let reads = &lines[tid];
         assert!(!reads.is_empty(), "{role}");
@@ -271,23 +212,9 @@ fn check_sample(host: &Host, with_record: bool) {
         }
     }
     // The summary counts the reasons per thread.
-    let out = reader(&[
-        "sample",
-        "--pid",
-        &host.pid.to_string(),
-        "--hz",
-        "20",
-        "--duration",
-        "0.3",
-        "--json",
-    ]);
+    let out = sample(host.pid, "0.3", "--json");
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let cycle = summary["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tid"] == role_tid(host, "cycle"))
-        .unwrap();
+    let cycle = thread(&summary, role_tid(host, "cycle"));
     assert_eq!(
         cycle["no_span"]["chain-too-long"], cycle["samples"],
         "{cycle:#}"
@@ -349,14 +276,7 @@ fn profile_walks_the_same_objects_at_the_sample() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let mut samples: HashMap<i32, Vec<Value>> = HashMap::new();
-    for line in std::fs::read_to_string(&out).unwrap().lines() {
-        let v: Value = serde_json::from_str(line).unwrap();
-        samples
-            .entry(v["tid"].as_i64().unwrap() as i32)
-            .or_default()
-            .push(v);
-    }
+    let samples = by_thread(&std::fs::read_to_string(&out).unwrap());
     let _ = std::fs::remove_file(&out);
     let mut sampled = 0;
     for (tid, (role, expect)) in &host.expect {

@@ -10,6 +10,8 @@
 //! valid with all-zero ids, and terminal escape sequences in what a target
 //! controls.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -20,18 +22,16 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-const READER: &str = env!("CARGO_BIN_EXE_otel-thread-ctx");
+use common::{build_dir, fixture_source, gcc, inspect_json, reader, thread, Running, READER};
 
 /// Builds the fixtures once per test run; returns their directory.
 fn fixtures() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("thread-ctx-fixtures");
-        std::fs::create_dir_all(&out).unwrap();
-        let writer = src.join("writer.c");
-        let host = src.join("host.c");
-        let churn_src = src.join("churn.c");
+        let out = build_dir("thread-ctx-fixtures");
+        let writer = fixture_source("writer.c");
+        let host = fixture_source("host.c");
+        let churn_src = fixture_source("churn.c");
         let o = |name: &str| out.join(name).to_str().unwrap().to_string();
         let (desc, big, gd, ie) = (
             o("libdesc.so"),
@@ -42,7 +42,7 @@ fn fixtures() -> &'static Path {
         let (h_dl, h_exe, h_ie) = (o("host_dlopen"), o("host_exe"), o("host_ie"));
         let churn = o("churn");
         let (exec_target, exec_decoy) = (o("exec_target"), o("exec_decoy"));
-        let exec_src = src.join("exec.c");
+        let exec_src = fixture_source("exec.c");
         let exec_src = exec_src.to_str().unwrap();
         let (w, h) = (writer.to_str().unwrap(), host.to_str().unwrap());
         let rpath = format!("-Wl,-rpath,{}", out.display());
@@ -90,12 +90,7 @@ fn fixtures() -> &'static Path {
             ],
         ];
         for args in builds {
-            let st = Command::new("gcc")
-                .args(["-O1", "-g", "-Wall", "-Werror"])
-                .args(&args)
-                .status()
-                .expect("gcc runs");
-            assert!(st.success(), "gcc {args:?} failed");
+            gcc(&args);
         }
         out
     })
@@ -116,99 +111,62 @@ enum Expect {
     ZeroIds(String),
 }
 
-/// A running fixture process; killed and reaped when dropped.
+/// A running host fixture and what it said a reader must find.
 struct Fixture {
-    child: Child,
+    process: Running,
     pid: i32,
     expect: HashMap<i32, Expect>,
     context_published_at: Option<u64>,
     anon_naming_unsupported: bool,
 }
 
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn spawn(program: &str, args: &[&str]) -> Fixture {
-    let mut child = Command::new(fixtures().join(program))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("fixture starts");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            if tx.send(line.unwrap_or_default()).is_err() {
-                break;
-            }
-        }
-    });
+    let process = Running::start(&fixtures().join(program), args);
     let mut f = Fixture {
-        pid: child.id() as i32,
-        child,
+        pid: process.pid,
+        process,
         expect: HashMap::new(),
         context_published_at: None,
         anon_naming_unsupported: false,
     };
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("fixture prints ready");
-        let w: Vec<&str> = line.split_whitespace().collect();
-        match w.as_slice() {
-            ["ready", _] => break,
-            ["context", t] => f.context_published_at = Some(t.parse().unwrap()),
-            ["anon-naming-unsupported"] => f.anon_naming_unsupported = true,
-            ["expect", tid, "valid", trace, span, flags] => {
-                f.expect.insert(
-                    tid.parse().unwrap(),
-                    Expect::Valid {
-                        trace: trace.to_string(),
-                        span: span.to_string(),
-                        flags: flags.parse().unwrap(),
-                    },
-                );
-            }
-            ["expect", tid, role] => {
-                let e = match *role {
-                    "invalid" => Expect::Invalid,
-                    "null" => Expect::Null,
-                    "untouched" => Expect::Untouched,
-                    "garbage" => Expect::Garbage,
-                    zero if zero.starts_with("zero-") => Expect::ZeroIds(zero.to_string()),
-                    other => panic!("unknown role {other}"),
-                };
-                f.expect.insert(tid.parse().unwrap(), e);
-            }
-            _ => panic!("unexpected fixture output {line:?}"),
+    f.process.until_ready(|w| match w {
+        ["context", t] => f.context_published_at = Some(t.parse().unwrap()),
+        ["anon-naming-unsupported"] => f.anon_naming_unsupported = true,
+        ["expect", tid, "valid", trace, span, flags] => {
+            f.expect.insert(
+                tid.parse().unwrap(),
+                Expect::Valid {
+                    trace: trace.to_string(),
+                    span: span.to_string(),
+                    flags: flags.parse().unwrap(),
+                },
+            );
         }
-    }
+        ["expect", tid, role] => {
+            let e = match *role {
+                "invalid" => Expect::Invalid,
+                "null" => Expect::Null,
+                "untouched" => Expect::Untouched,
+                "garbage" => Expect::Garbage,
+                zero if zero.starts_with("zero-") => Expect::ZeroIds(zero.to_string()),
+                other => panic!("unknown role {other}"),
+            };
+            f.expect.insert(tid.parse().unwrap(), e);
+        }
+        _ => panic!("unexpected fixture output {w:?}"),
+    });
     assert_eq!(f.expect.len(), 6, "six threads published");
     f
 }
 
-fn reader(args: &[&str]) -> Output {
-    Command::new(READER)
-        .args(args)
-        .output()
-        .expect("reader runs")
-}
-
-fn inspect_json(pid: i32) -> (i32, Value) {
-    let out = reader(&["inspect", "--pid", &pid.to_string(), "--json"]);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "bad JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code().unwrap(), report)
+/// The host that loads the writer library `lib` with dlopen, with `options`.
+fn spawn_dlopen(lib: &str, options: &[&str]) -> Fixture {
+    let lib = fixtures().join(lib);
+    let args: Vec<&str> = [lib.to_str().unwrap()]
+        .into_iter()
+        .chain(options.iter().copied())
+        .collect();
+    spawn("host_dlopen", &args)
 }
 
 /// Every thread of `pid` runs freely: not stopped, not traced.
@@ -247,10 +205,7 @@ fn assert_threads(report: &Value, f: &Fixture, path: &str) {
     );
     let mut offsets = Vec::new();
     for (tid, expect) in &f.expect {
-        let t = threads
-            .iter()
-            .find(|t| t["tid"] == *tid)
-            .unwrap_or_else(|| panic!("thread {tid} missing"));
+        let t = thread(report, *tid);
         let status = t["status"].as_str().unwrap();
         match expect {
             Expect::Valid { trace, span, flags } => {
@@ -335,30 +290,68 @@ fn assert_threads(report: &Value, f: &Fixture, path: &str) {
     }
 }
 
+/// `sample --raw --json` of `pid` at `hz` for `duration` seconds.
+fn sample_raw_json(pid: i32, hz: &str, duration: &str) -> Output {
+    reader(&[
+        "sample",
+        "--pid",
+        &pid.to_string(),
+        "--hz",
+        hz,
+        "--duration",
+        duration,
+        "--raw",
+        "--json",
+    ])
+}
+
+/// `sample --json` of `pid` at `hz` for `duration` seconds, running in the
+/// background with its output piped.
+fn spawn_sample_json(pid: i32, hz: &str, duration: &str) -> Child {
+    Command::new(READER)
+        .args([
+            "sample",
+            "--pid",
+            &pid.to_string(),
+            "--hz",
+            hz,
+            "--duration",
+            duration,
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("reader runs")
+}
+
+/// `inspect --json` of a host fixture, which must exit `code` and find
+/// every thread as it published, along `path`. Returns the report.
+fn inspect_host(f: &Fixture, code: i32, path: &str) -> Value {
+    let (got, r) = inspect_json(f.pid);
+    assert_eq!(got, code, "{r:#}");
+    assert_threads(&r, f, path);
+    r
+}
+
 fn main_thread_attributes(report: &Value, pid: i32) -> Value {
-    report["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tid"] == pid)
-        .unwrap()["record"]["attributes"]
-        .clone()
+    thread(report, pid)["record"]["attributes"].clone()
 }
 
 #[test]
 fn tlsdesc_library_resolved_to_static_tls_with_a_memfd_process_context() {
-    let lib = fixtures().join("libdesc.so");
-    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "memfd"]);
-    let (code, r) = inspect_json(f.pid);
-    assert_eq!(code, 0, "{r:#}");
+    let f = spawn_dlopen("libdesc.so", &["memfd"]);
+    let r = inspect_host(&f, 0, "tlsdesc-static");
     assert_eq!(r["conformant"], true);
-    assert_eq!(r["symbol"]["module"], lib.to_str().unwrap());
+    assert_eq!(
+        r["symbol"]["module"],
+        fixtures().join("libdesc.so").to_str().unwrap()
+    );
     assert_eq!(r["symbol"]["access_model"], "tlsdesc");
     assert!(r["symbol"]["relocations"][0]["type"]
         .as_str()
         .unwrap()
         .ends_with("_TLSDESC"));
-    assert_threads(&r, &f, "tlsdesc-static");
     let pc = &r["process_context"];
     assert_eq!(pc["status"], "ok", "{pc:#}");
     assert_eq!(pc["mapping"], "/memfd:OTEL_CTX");
@@ -385,12 +378,9 @@ fn tlsdesc_library_resolved_to_static_tls_with_a_memfd_process_context() {
 
 #[test]
 fn tlsdesc_library_resolved_through_the_dtv() {
-    let lib = fixtures().join("libbig.so");
-    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "anon"]);
-    let (code, r) = inspect_json(f.pid);
-    assert_eq!(code, 0, "{r:#}");
+    let f = spawn_dlopen("libbig.so", &["anon"]);
+    let r = inspect_host(&f, 0, "tlsdesc-dtv");
     assert_eq!(r["symbol"]["access_model"], "tlsdesc");
-    assert_threads(&r, &f, "tlsdesc-dtv");
     assert!(r["symbol"]["resolution"]["module_id"].as_u64().unwrap() >= 1);
     assert_eq!(
         r["symbol"]["resolution"]["module_offset"],
@@ -402,12 +392,7 @@ fn tlsdesc_library_resolved_through_the_dtv() {
         .find(|(_, e)| **e == Expect::Untouched)
         .unwrap()
         .0;
-    let t = r["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tid"] == *untouched)
-        .unwrap();
+    let t = thread(&r, *untouched);
     assert!(
         t["reason"].as_str().unwrap().contains("unallocated"),
         "{t:#}"
@@ -424,12 +409,9 @@ fn tlsdesc_library_resolved_through_the_dtv() {
 
 #[test]
 fn legacy_general_dynamic_library() {
-    let lib = fixtures().join("libgd.so");
-    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "memfd"]);
-    let (code, r) = inspect_json(f.pid);
-    assert_eq!(code, 0, "{r:#}");
+    let f = spawn_dlopen("libgd.so", &["memfd"]);
+    let r = inspect_host(&f, 0, "global-dynamic-dtv");
     assert_eq!(r["symbol"]["access_model"], "global-dynamic");
-    assert_threads(&r, &f, "global-dynamic-dtv");
     assert!(r["warnings"]
         .as_array()
         .unwrap()
@@ -442,12 +424,10 @@ fn legacy_general_dynamic_library() {
 #[test]
 fn executable_defining_the_symbol_uses_local_exec() {
     let f = spawn("host_exe", &["memfd"]);
-    let (code, r) = inspect_json(f.pid);
-    assert_eq!(code, 0, "{r:#}");
+    let r = inspect_host(&f, 0, "local-exec-static");
     assert_eq!(r["symbol"]["executable"], true);
     assert_eq!(r["symbol"]["access_model"], "local-exec");
     assert!(r["symbol"]["relocations"].as_array().unwrap().is_empty());
-    assert_threads(&r, &f, "local-exec-static");
     assert_eq!(r["process_context"]["status"], "ok");
     assert_running_untraced(f.pid);
 }
@@ -455,22 +435,17 @@ fn executable_defining_the_symbol_uses_local_exec() {
 #[test]
 fn initial_exec_library_linked_at_startup() {
     let f = spawn("host_ie", &[]);
-    let (code, r) = inspect_json(f.pid);
-    assert_eq!(code, 0, "{r:#}");
+    let r = inspect_host(&f, 0, "initial-exec-static");
     assert_eq!(r["symbol"]["access_model"], "initial-exec");
-    assert_threads(&r, &f, "initial-exec-static");
     assert_eq!(r["process_context"]["status"], "absent");
     assert_running_untraced(f.pid);
 }
 
 #[test]
 fn a_wild_record_pointer_is_an_error_entry_and_exit_1() {
-    let lib = fixtures().join("libdesc.so");
-    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "garbage"]);
-    let (code, r) = inspect_json(f.pid);
-    assert_eq!(code, 1, "{r:#}");
+    let f = spawn_dlopen("libdesc.so", &["garbage"]);
+    let r = inspect_host(&f, 1, "tlsdesc-static");
     assert_eq!(r["conformant"], false);
-    assert_threads(&r, &f, "tlsdesc-static");
     assert!(
         r["problems"][0].as_str().unwrap().contains("cannot read"),
         "{:#}",
@@ -484,8 +459,7 @@ fn a_wild_record_pointer_is_an_error_entry_and_exit_1() {
 
 #[test]
 fn a_process_whose_main_thread_exited_is_read_through_its_live_threads() {
-    let lib = fixtures().join("libdesc.so");
-    let mut f = spawn("host_dlopen", &[lib.to_str().unwrap(), "leader-exits"]);
+    let mut f = spawn_dlopen("libdesc.so", &["leader-exits"]);
     // Wait until the leader is a zombie.
     let status = format!("/proc/{}/status", f.pid);
     for _ in 0..200 {
@@ -499,13 +473,7 @@ fn a_process_whose_main_thread_exited_is_read_through_its_live_threads() {
     }
     let (code, r) = inspect_json(f.pid);
     assert_eq!(code, 0, "{r:#}");
-    let main = r["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tid"] == f.pid)
-        .unwrap()
-        .clone();
+    let main = thread(&r, f.pid);
     assert_eq!(main["status"], "exited", "{main:#}");
     f.expect.remove(&f.pid);
     let others: Vec<Value> = r["threads"]
@@ -523,19 +491,8 @@ fn a_process_whose_main_thread_exited_is_read_through_its_live_threads() {
 
 #[test]
 fn sample_reports_each_threads_span_and_raw_reads() {
-    let lib = fixtures().join("libdesc.so");
-    let f = spawn("host_dlopen", &[lib.to_str().unwrap()]);
-    let out = reader(&[
-        "sample",
-        "--pid",
-        &f.pid.to_string(),
-        "--hz",
-        "100",
-        "--duration",
-        "0.5",
-        "--raw",
-        "--json",
-    ]);
+    let f = spawn_dlopen("libdesc.so", &[]);
+    let out = sample_raw_json(f.pid, "100", "0.5");
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -586,23 +543,9 @@ fn sample_reports_each_threads_span_and_raw_reads() {
 
 #[test]
 fn sigterm_mid_sample_leaves_the_target_running() {
-    let lib = fixtures().join("libdesc.so");
-    let f = spawn("host_dlopen", &[lib.to_str().unwrap()]);
+    let f = spawn_dlopen("libdesc.so", &[]);
     for delay_ms in [50, 137, 311] {
-        let s = Command::new(READER)
-            .args([
-                "sample",
-                "--pid",
-                &f.pid.to_string(),
-                "--hz",
-                "5000",
-                "--duration",
-                "30",
-                "--json",
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let s = spawn_sample_json(f.pid, "5000", "30");
         std::thread::sleep(Duration::from_millis(delay_ms));
         // SAFETY: plain kill(2) of the child we just spawned.
         unsafe { libc::kill(s.id() as i32, libc::SIGTERM) };
@@ -630,72 +573,61 @@ fn exit_codes_for_missing_symbol_and_missing_process() {
     assert_eq!(out.status.code(), Some(2), "bad --hz is a usage error");
 }
 
-#[test]
-fn permission_denied_exits_2() {
-    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
-    let pid = target.id().to_string();
+/// Runs `command --pid <pid> rest...` as a user who may not read `pid`:
+/// nobody when the tests run as root (the target is root's), else the
+/// tests' user on pid 1.
+fn reader_without_permission(command: &str, pid: i32, rest: &[&str]) -> Output {
     // SAFETY: geteuid has no preconditions.
-    let out = if unsafe { libc::geteuid() } == 0 {
-        // Drop to nobody to read a root-owned process.
+    let root = unsafe { libc::geteuid() } == 0;
+    let pid = if root { pid.to_string() } else { "1".into() };
+    let args: Vec<&str> = [command, "--pid", &pid]
+        .into_iter()
+        .chain(rest.iter().copied())
+        .collect();
+    if root {
         Command::new("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                READER,
-                "inspect",
-                "--pid",
-                &pid,
-            ])
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", READER])
+            .args(&args)
             .output()
             .expect("setpriv runs")
     } else {
-        reader(&["inspect", "--pid", "1"])
-    };
+        reader(&args)
+    }
+}
+
+fn assert_permission_denied(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("permission denied"), "{stderr}");
+}
+
+#[test]
+fn permission_denied_exits_2() {
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let out = reader_without_permission("inspect", target.id() as i32, &[]);
     let _ = target.kill();
     let _ = target.wait();
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("permission denied"));
+    assert_permission_denied(&out);
 }
 
 /// The churn fixture: threads that come and go for a while, then an exit.
-/// Killed and reaped when dropped.
 struct Churn {
-    child: Child,
+    _process: Running,
     pid: i32,
     main_ids: (String, String),
     worker_ids: (String, String),
 }
 
-impl Drop for Churn {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Starts the churn fixture for `seconds` and waits until it runs.
 fn spawn_churn(seconds: &str) -> Churn {
-    let mut child = Command::new(fixtures().join("churn"))
-        .arg(seconds)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("fixture starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let process = Running::start(&fixtures().join("churn"), &[seconds]);
+    let line = process.next_line();
     let w: Vec<String> = line.split_whitespace().map(String::from).collect();
     assert_eq!(w.len(), 5, "unexpected fixture output {line:?}");
     assert_eq!(w[0], "ready");
     Churn {
-        pid: child.id() as i32,
-        child,
+        pid: process.pid,
+        _process: process,
         main_ids: (w[1].clone(), w[2].clone()),
         worker_ids: (w[3].clone(), w[4].clone()),
     }
@@ -716,17 +648,7 @@ fn sample_skips_threads_that_come_and_go_and_ends_when_the_target_exits() {
     // until the fixture is dropped, so the reader sees it turn into a zombie.
     let f = spawn_churn("1");
     let started = std::time::Instant::now();
-    let out = reader(&[
-        "sample",
-        "--pid",
-        &f.pid.to_string(),
-        "--hz",
-        "500",
-        "--duration",
-        "3",
-        "--raw",
-        "--json",
-    ]);
+    let out = sample_raw_json(f.pid, "500", "3");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
@@ -789,30 +711,15 @@ fn sample_skips_threads_that_come_and_go_and_ends_when_the_target_exits() {
 
 #[test]
 fn sample_ends_normally_when_the_target_is_killed_mid_run() {
-    let lib = fixtures().join("libdesc.so");
     // Killed and left a zombie, then killed and reaped at once.
     for reap in [false, true] {
-        let mut f = spawn("host_dlopen", &[lib.to_str().unwrap()]);
+        let mut f = spawn_dlopen("libdesc.so", &[]);
         let started = std::time::Instant::now();
-        let s = Command::new(READER)
-            .args([
-                "sample",
-                "--pid",
-                &f.pid.to_string(),
-                "--hz",
-                "500",
-                "--duration",
-                "3",
-                "--json",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let s = spawn_sample_json(f.pid, "500", "3");
         std::thread::sleep(Duration::from_millis(300));
-        f.child.kill().unwrap();
+        f.process.child.kill().unwrap();
         if reap {
-            f.child.wait().unwrap();
+            f.process.child.wait().unwrap();
         }
         let out = s.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -863,35 +770,8 @@ fn inspect_reports_threads_that_exit_as_exited_not_as_errors() {
 #[test]
 fn sample_of_a_process_it_may_not_trace_exits_2() {
     let f = spawn("host_exe", &[]);
-    // SAFETY: geteuid has no preconditions.
-    let out = if unsafe { libc::geteuid() } == 0 {
-        // Drop to nobody to read a root-owned process.
-        Command::new("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                READER,
-                "sample",
-                "--pid",
-                &f.pid.to_string(),
-                "--hz",
-                "500",
-                "--duration",
-                "1",
-            ])
-            .output()
-            .expect("setpriv runs")
-    } else {
-        reader(&["sample", "--pid", "1", "--hz", "500", "--duration", "1"])
-    };
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("permission denied"));
+    let out = reader_without_permission("sample", f.pid, &["--hz", "500", "--duration", "1"]);
+    assert_permission_denied(&out);
     assert_running_untraced(f.pid);
 }
 
@@ -968,64 +848,52 @@ impl Sampler {
     }
 }
 
-/// The exec fixture: a program that publishes one record on two threads
-/// and, on a line on stdin, executes another. Killed and reaped when dropped.
-struct ExecTarget {
-    child: Child,
+/// Starts the exec fixture: a program that publishes one record on two
+/// threads and, on a line on stdin, executes another.
+fn start_exec_target(args: &[&str]) -> Running {
+    let t = Running::start(&fixtures().join("exec_target"), args);
+    exec_target_ready(&t);
+    t
+}
+
+/// Waits for the running program's "ready" line; returns its ids.
+fn exec_target_ready(t: &Running) -> (String, String) {
+    let line = t.next_line();
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(w.len(), 4, "unexpected fixture output {line:?}");
+    assert_eq!(w[..2], ["ready", &t.pid.to_string()]);
+    (w[2].to_string(), w[3].to_string())
+}
+
+/// Samples `pid` (`sample --raw --json` at 200 Hz for `duration` seconds):
+/// `first` reads, then `meanwhile()`, then to the end of the run, which
+/// must exit 0 without a failed read. Returns every read, the summary and
+/// stderr as text.
+fn sample_around(
     pid: i32,
-    lines: mpsc::Receiver<String>,
+    duration: &str,
+    first: usize,
+    meanwhile: impl FnOnce(),
+) -> (Vec<Value>, Value, String) {
+    let s = start_sample(pid, "200", duration);
+    let mut lines = s.take(first);
+    meanwhile();
+    let (code, rest, stderr) = s.finish();
+    let text = String::from_utf8_lossy(&stderr).into_owned();
+    assert_eq!(code, Some(0), "{text}");
+    lines.extend(rest);
+    for l in &lines {
+        assert!(l.get("error").is_none(), "a read of pid {pid} failed: {l}");
+    }
+    (lines, first_json(&stderr), text)
 }
 
-impl Drop for ExecTarget {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl ExecTarget {
-    fn start(args: &[&str]) -> ExecTarget {
-        let mut child = Command::new(fixtures().join("exec_target"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("fixture starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                if tx.send(line.unwrap_or_default()).is_err() {
-                    break;
-                }
-            }
-        });
-        let t = ExecTarget {
-            pid: child.id() as i32,
-            child,
-            lines,
-        };
-        t.ready();
-        t
-    }
-
-    /// Waits for the running program's "ready" line; returns its ids.
-    fn ready(&self) -> (String, String) {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(20))
-            .expect("fixture prints ready");
-        let w: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(w.len(), 4, "unexpected fixture output {line:?}");
-        assert_eq!(w[..2], ["ready", &self.pid.to_string()]);
-        (w[2].to_string(), w[3].to_string())
-    }
-
-    /// Makes the program execute the next one.
-    fn exec(&mut self) {
-        use std::io::Write;
-        self.child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
-    }
+/// The one exec a summary reports, of `executable`.
+fn only_exec<'a>(summary: &'a Value, executable: &Path) -> &'a Value {
+    let execs = summary["execs"].as_array().unwrap();
+    assert_eq!(execs.len(), 1, "{summary:#}");
+    assert_eq!(execs[0]["executable"], executable.to_str().unwrap());
+    &execs[0]
 }
 
 fn ids(trace: u8, span: u8) -> (String, String) {
@@ -1049,28 +917,20 @@ fn sample_reads_nothing_of_a_program_executed_without_the_symbol() {
     // The decoy has the same TLS layout under another name: reading it at
     // the old offset would report its record (dede…/baba…).
     let decoy = fixtures().join("exec_decoy");
-    let mut f = ExecTarget::start(&["11", "22", decoy.to_str().unwrap(), "de", "ba"]);
-    let s = start_sample(f.pid, "200", "2");
-    let mut lines = s.take(20);
-    f.exec();
-    assert_eq!(f.ready(), ids(0xde, 0xba), "the decoy runs");
-    let (code, rest, stderr) = s.finish();
-    let text = String::from_utf8_lossy(&stderr).into_owned();
-    assert_eq!(code, Some(0), "{text}");
-    lines.extend(rest);
+    let mut f = start_exec_target(&["11", "22", decoy.to_str().unwrap(), "de", "ba"]);
+    let (lines, summary, text) = sample_around(f.pid, "2", 20, || {
+        f.send_line();
+        assert_eq!(exec_target_ready(&f), ids(0xde, 0xba), "the decoy runs");
+    });
     for l in &lines {
-        assert!(l.get("error").is_none(), "a read failed: {l}");
         assert_eq!(line_ids(l), Some(ids(0x11, 0x22)), "{l}");
     }
-    let summary = first_json(&stderr);
     assert_eq!(summary["target_exited"], false, "{summary:#}");
-    let execs = summary["execs"].as_array().unwrap();
-    assert_eq!(execs.len(), 1, "{summary:#}");
-    assert_eq!(execs[0]["executable"], decoy.to_str().unwrap());
-    assert!(execs[0]["resolution_path"].is_null(), "{summary:#}");
-    assert!(execs[0]["resumed_at_s"].is_null(), "{summary:#}");
+    let exec = only_exec(&summary, &decoy);
+    assert!(exec["resolution_path"].is_null(), "{summary:#}");
+    assert!(exec["resumed_at_s"].is_null(), "{summary:#}");
     assert!(
-        execs[0]["error"]
+        exec["error"]
             .as_str()
             .unwrap()
             .contains("no module defines otel_thread_ctx_v1"),
@@ -1093,20 +953,19 @@ fn sample_reads_nothing_of_a_program_executed_without_the_symbol() {
 fn sample_finds_the_thread_context_of_the_program_executed_again() {
     // The same executable again: the same file, a new address space.
     let again = fixtures().join("exec_target");
-    let mut f = ExecTarget::start(&["11", "22", again.to_str().unwrap(), "33", "44"]);
-    let s = start_sample(f.pid, "200", "2");
-    let mut lines = s.take(20);
-    f.exec();
-    assert_eq!(f.ready(), ids(0x33, 0x44), "the new program runs");
-    let (code, rest, stderr) = s.finish();
-    let text = String::from_utf8_lossy(&stderr).into_owned();
-    assert_eq!(code, Some(0), "{text}");
-    lines.extend(rest);
+    let mut f = start_exec_target(&["11", "22", again.to_str().unwrap(), "33", "44"]);
+    let (lines, summary, text) = sample_around(f.pid, "2", 20, || {
+        f.send_line();
+        assert_eq!(
+            exec_target_ready(&f),
+            ids(0x33, 0x44),
+            "the new program runs"
+        );
+    });
     let (old, new) = (ids(0x11, 0x22), ids(0x33, 0x44));
     let mut seen_new = false;
     let mut new_on_main = 0;
     for l in &lines {
-        assert!(l.get("error").is_none(), "a read failed: {l}");
         match line_ids(l) {
             Some(x) if x == new => {
                 seen_new = true;
@@ -1119,17 +978,11 @@ fn sample_finds_the_thread_context_of_the_program_executed_again() {
         }
     }
     assert!(new_on_main > 0, "the new program's records were read");
-    let summary = first_json(&stderr);
-    let execs = summary["execs"].as_array().unwrap();
-    assert_eq!(execs.len(), 1, "{summary:#}");
-    assert_eq!(execs[0]["executable"], again.to_str().unwrap());
-    assert_eq!(
-        execs[0]["resolution_path"], "local-exec-static",
-        "{summary:#}"
-    );
-    assert!(execs[0]["error"].is_null(), "{summary:#}");
-    let resumed = execs[0]["resumed_at_s"].as_f64().unwrap();
-    assert!(resumed >= execs[0]["elapsed_s"].as_f64().unwrap());
+    let exec = only_exec(&summary, &again);
+    assert_eq!(exec["resolution_path"], "local-exec-static", "{summary:#}");
+    assert!(exec["error"].is_null(), "{summary:#}");
+    let resumed = exec["resumed_at_s"].as_f64().unwrap();
+    assert!(resumed >= exec["elapsed_s"].as_f64().unwrap());
     assert!(text.contains("reads resumed after"), "{text}");
     assert_running_untraced(f.pid);
 }
@@ -1138,23 +991,16 @@ fn sample_finds_the_thread_context_of_the_program_executed_again() {
 fn sample_follows_an_exec_into_a_program_that_loads_its_writer_with_dlopen() {
     let host = fixtures().join("host_dlopen");
     let lib = fixtures().join("libdesc.so");
-    let mut f = ExecTarget::start(&["11", "22", host.to_str().unwrap(), lib.to_str().unwrap()]);
-    let s = start_sample(f.pid, "200", "2");
-    let mut lines = s.take(20);
-    f.exec();
+    let mut f = start_exec_target(&["11", "22", host.to_str().unwrap(), lib.to_str().unwrap()]);
+    let (lines, summary, _) = sample_around(f.pid, "2", 20, || f.send_line());
     // host_dlopen's main thread publishes this record once the library is loaded.
     let main_ids = (
         "0102030405060708090a0b0c0d0e0f10".to_string(),
         "a0a1a2a3a4a5a6a7".to_string(),
     );
-    let (code, rest, stderr) = s.finish();
-    let text = String::from_utf8_lossy(&stderr).into_owned();
-    assert_eq!(code, Some(0), "{text}");
-    lines.extend(rest);
     let old = ids(0x11, 0x22);
     let mut seen_new = false;
     for l in &lines {
-        assert!(l.get("error").is_none(), "a read failed: {l}");
         match line_ids(l) {
             Some(x) if x == old => assert!(!seen_new, "an old record after the exec: {l}"),
             Some(x) => {
@@ -1167,37 +1013,21 @@ fn sample_follows_an_exec_into_a_program_that_loads_its_writer_with_dlopen() {
         }
     }
     assert!(seen_new, "the new program's records were read");
-    let summary = first_json(&stderr);
-    let execs = summary["execs"].as_array().unwrap();
-    assert_eq!(execs.len(), 1, "{summary:#}");
-    assert_eq!(execs[0]["executable"], host.to_str().unwrap());
-    assert_eq!(execs[0]["resolution_path"], "tlsdesc-static", "{summary:#}");
-    assert!(execs[0]["resumed_at_s"].as_f64().is_some(), "{summary:#}");
+    let exec = only_exec(&summary, &host);
+    assert_eq!(exec["resolution_path"], "tlsdesc-static", "{summary:#}");
+    assert!(exec["resumed_at_s"].as_f64().is_some(), "{summary:#}");
     assert_running_untraced(f.pid);
 }
 
 #[test]
 fn sample_keeps_reading_the_other_threads_after_the_main_thread_exits() {
-    let lib = fixtures().join("libdesc.so");
-    let mut f = spawn(
-        "host_dlopen",
-        &[lib.to_str().unwrap(), "leader-exits-on-line"],
-    );
-    let s = start_sample(f.pid, "200", "1.5");
-    let mut lines = s.take(60);
-    {
-        use std::io::Write;
-        f.child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
-    }
-    let (code, rest, stderr) = s.finish();
-    let text = String::from_utf8_lossy(&stderr).into_owned();
-    assert_eq!(code, Some(0), "{text}");
+    let mut f = spawn_dlopen("libdesc.so", &["leader-exits-on-line"]);
+    let (lines, summary, _) = sample_around(f.pid, "1.5", 60, || f.process.send_line());
     let status = std::fs::read_to_string(format!("/proc/{}/status", f.pid)).unwrap();
     assert!(
         status.contains("State:\tZ"),
         "the main thread exited: {status}"
     );
-    lines.extend(rest);
     let last_main = lines
         .iter()
         .filter(|l| l["tid"] == f.pid)
@@ -1206,11 +1036,6 @@ fn sample_keeps_reading_the_other_threads_after_the_main_thread_exits() {
         .unwrap();
     let mut after: HashMap<i64, usize> = HashMap::new();
     for l in &lines {
-        assert!(
-            l.get("error").is_none(),
-            "a read of pid {} failed: {l}",
-            f.pid
-        );
         let tid = l["tid"].as_i64().unwrap();
         if l["t_ns"].as_u64().unwrap() > last_main {
             *after.entry(tid).or_default() += 1;
@@ -1228,7 +1053,6 @@ fn sample_keeps_reading_the_other_threads_after_the_main_thread_exits() {
         "every other thread read after the exit: {after:?}"
     );
     assert!(after.values().all(|&n| n >= 10), "{after:?}");
-    let summary = first_json(&stderr);
     assert_eq!(summary["target_exited"], false, "{summary:#}");
     let rounds = summary["rounds"].as_u64().unwrap();
     for t in summary["threads"].as_array().unwrap() {
@@ -1258,8 +1082,7 @@ fn raw_controls(text: &str) -> Vec<char> {
 
 #[test]
 fn human_output_escapes_what_the_target_controls_and_json_keeps_it_exact() {
-    let lib = fixtures().join("libdesc.so");
-    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "hostile", "memfd"]);
+    let f = spawn_dlopen("libdesc.so", &["hostile", "memfd"]);
     let human = reader(&["inspect", "--pid", &f.pid.to_string()]);
     let sampled = reader(&[
         "sample",
@@ -1308,12 +1131,9 @@ fn human_output_escapes_what_the_target_controls_and_json_keeps_it_exact() {
 
 #[test]
 fn records_marked_valid_with_all_zero_ids_are_not_conformant_and_name_no_span() {
-    let lib = fixtures().join("libdesc.so");
-    let f = spawn("host_dlopen", &[lib.to_str().unwrap(), "zero-ids"]);
-    let (code, r) = inspect_json(f.pid);
-    assert_eq!(code, 1, "{r:#}");
+    let f = spawn_dlopen("libdesc.so", &["zero-ids"]);
+    let r = inspect_host(&f, 1, "tlsdesc-static");
     assert_eq!(r["conformant"], false);
-    assert_threads(&r, &f, "tlsdesc-static");
     let zero_tids: Vec<i32> = f
         .expect
         .iter()
@@ -1331,17 +1151,7 @@ fn records_marked_valid_with_all_zero_ids_are_not_conformant_and_name_no_span() 
             r["problems"]
         );
     }
-    let out = reader(&[
-        "sample",
-        "--pid",
-        &f.pid.to_string(),
-        "--hz",
-        "100",
-        "--duration",
-        "0.3",
-        "--raw",
-        "--json",
-    ]);
+    let out = sample_raw_json(f.pid, "100", "0.3");
     assert_eq!(out.status.code(), Some(0));
     for line in String::from_utf8(out.stdout).unwrap().lines() {
         let s: Value = serde_json::from_str(line).unwrap();
