@@ -90,6 +90,23 @@ pub struct ThreadRead {
     pub late_stop: bool,
 }
 
+impl ThreadRead {
+    /// Nothing read yet: the outcome stays `Gone` unless a read replaces it.
+    fn unread() -> ThreadRead {
+        ThreadRead {
+            t_ns: 0,
+            thread_pointer: None,
+            variable: None,
+            pointer: None,
+            schema: None,
+            nodejs: None,
+            outcome: Outcome::Gone,
+            times: None,
+            late_stop: false,
+        }
+    }
+}
+
 /// CLOCK_MONOTONIC in nanoseconds.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -115,17 +132,7 @@ pub fn read(
     abi: &Abi,
     with_attrs: bool,
 ) -> Result<ThreadRead, StopError> {
-    let mut out = ThreadRead {
-        t_ns: 0,
-        thread_pointer: None,
-        variable: None,
-        pointer: None,
-        schema: None,
-        nodejs: None,
-        outcome: Outcome::Gone,
-        times: None,
-        late_stop: false,
-    };
+    let mut out = ThreadRead::unread();
     let pid = tracer.pid();
     let stopped = match tracer.stop(tid) {
         Ok(s) => s,
@@ -412,17 +419,7 @@ mod tests {
                 nodejs: blocks.iter().map(|&b| plan(b)).collect(),
                 layout: DEFAULT_LAYOUT,
             };
-            let mut out = ThreadRead {
-                t_ns: 0,
-                thread_pointer: None,
-                variable: None,
-                pointer: None,
-                schema: None,
-                nodejs: None,
-                outcome: Outcome::Gone,
-                times: None,
-                late_stop: false,
-            };
+            let mut out = ThreadRead::unread();
             let outcome = read_nodejs_modules(&plans, TP, &mem, &tls::HOST, true, &mut out);
             (outcome, out)
         }
