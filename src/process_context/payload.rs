@@ -35,16 +35,7 @@ pub fn encode(contents: &Contents<'_>) -> Vec<u8> {
         SCHEMA_VERSION_KEY,
         AnyValue::string(schema_version),
     ));
-    attributes.push(KeyValue::new(
-        KEY_MAP_KEY,
-        AnyValue::array(
-            contents
-                .key_map
-                .iter()
-                .map(|key| AnyValue::string(key.as_str()))
-                .collect(),
-        ),
-    ));
+    attributes.push(KeyValue::new(KEY_MAP_KEY, key_map_value(contents.key_map)));
     if let Some(layout) = contents.frame_layout {
         let values = [
             layout.js_object_record_offset,
@@ -65,6 +56,16 @@ pub fn encode(contents: &Contents<'_>) -> Vec<u8> {
         attributes,
     };
     message.encode_to_vec()
+}
+
+/// The value of `threadlocal.attribute_key_map`: the keys, in index order.
+pub fn key_map_value(key_map: &[String]) -> AnyValue {
+    AnyValue::array(
+        key_map
+            .iter()
+            .map(|key| AnyValue::string(key.as_str()))
+            .collect(),
+    )
 }
 
 #[cfg(test)]

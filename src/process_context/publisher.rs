@@ -11,7 +11,7 @@ use prost::Message;
 use super::header::{boottime_ns, first_publication_steps, update_steps};
 use super::key_map::KeyMap;
 use super::mapping::{Backing, Mapping};
-use super::payload::{self, AnyValue, Contents, KeyValue};
+use super::payload::{self, Contents, KeyValue};
 use super::{Info, PublishError};
 use otel_thread_ctx_abi::node_schema::V8Layout;
 use otel_thread_ctx_abi::process_context::{DEFAULT_SCHEMA_VERSION, MAX_PAYLOAD_BYTES};
@@ -272,14 +272,7 @@ fn oversize_message(size: usize, contents: &Contents<'_>) -> String {
         )
         .chain(std::iter::once((
             format!("the attribute key map ({} keys)", contents.key_map.len()),
-            AnyValue::array(
-                contents
-                    .key_map
-                    .iter()
-                    .map(|key| AnyValue::string(key.as_str()))
-                    .collect(),
-            )
-            .encoded_len(),
+            payload::key_map_value(contents.key_map).encoded_len(),
         )));
     let (largest, largest_size) = parts
         .max_by_key(|(_, size)| *size)
