@@ -3,7 +3,7 @@
 // running child processes that park threads inside spans.
 const fs = require('node:fs');
 const path = require('node:path');
-const { spawn } = require('node:child_process');
+const { spawn, spawnSync } = require('node:child_process');
 const readline = require('node:readline');
 const { context, trace, TraceFlags } = require('@opentelemetry/api');
 const { record } = require('../js/abi');
@@ -170,6 +170,19 @@ function exited(child, ms = 10000) {
   });
 }
 
+/**
+ * Why `otel-thread-ctx profile` cannot run here, or null: `reader` is the
+ * reader's path (null when it is not built).
+ */
+function profileUnavailable(reader) {
+  if (reader === null) return 'the reader is not built (npm install builds it)';
+  if (process.getuid() !== 0) return 'profile loads BPF programs: run the tests as root';
+  // A pid that cannot exist: a build without the BPF program says so first.
+  const probe = spawnSync(reader, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
+  if (/no kernel sampler/.test(probe.stderr)) return probe.stderr.trim();
+  return null;
+}
+
 /** Reads a whole record (header + attrs_data) from `pid`'s memory. */
 function readFullRecord(pid, address) {
   const header = readRecord(pid, address);
@@ -183,4 +196,4 @@ function readFullRecord(pid, address) {
   }
 }
 
-module.exports = { ROOT, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited };
+module.exports = { ROOT, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable };

@@ -13,7 +13,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { jsonLines, exited } = require('./helpers');
+const { jsonLines, exited, profileUnavailable } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const WRITER = path.join(__dirname, 'fixtures', 'datadog-writer.js');
@@ -41,14 +41,6 @@ function writerUnavailable() {
 }
 
 const skip = READER === null ? 'the reader is not built (npm install builds it)' : writerUnavailable();
-
-/** Why `profile` cannot run here, or null. */
-function profileUnavailable() {
-  if (process.getuid() !== 0) return 'profile loads BPF programs: run the tests as root';
-  const probe = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
-  if (/no kernel sampler/.test(probe.stderr)) return probe.stderr.trim();
-  return null;
-}
 
 /** Starts the writer in `mode`; resolves with the child and its three threads by name. */
 async function startWriter(mode) {
@@ -145,7 +137,7 @@ test('inspect and sample read Datadog\'s writer', { skip: skip ?? false }, async
   });
 });
 
-test('profile reads Datadog\'s writer at the sample', { skip: skip ?? profileUnavailable() ?? false }, async (t) => {
+test('profile reads Datadog\'s writer at the sample', { skip: skip ?? profileUnavailable(READER) ?? false }, async (t) => {
   const { child, threads } = await startWriter('busy');
   t.after(() => {
     child.kill('SIGKILL');

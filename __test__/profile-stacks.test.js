@@ -11,20 +11,12 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { jsonLines, exited } = require('./helpers');
+const { jsonLines, exited, profileUnavailable } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const FIXTURES = path.join(__dirname, 'fixtures');
 
-function unavailable() {
-  if (READER === null) return 'the reader is not built (npm install builds it)';
-  if (process.getuid() !== 0) return 'profile loads BPF programs: run the tests as root';
-  const probe = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
-  if (/no kernel sampler/.test(probe.stderr)) return probe.stderr.trim();
-  return null;
-}
-
-const skip = unavailable();
+const skip = profileUnavailable(READER);
 
 function profile(pid, args, cwd) {
   return new Promise((resolve) => {

@@ -13,20 +13,10 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const protobuf = require('protobufjs');
-const { jsonLines, exited } = require('./helpers');
+const { jsonLines, exited, profileUnavailable } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'profiled-service.js');
-
-/** Why the profile tests cannot run here, or null. */
-function unavailable() {
-  if (READER === null) return 'the reader is not built (npm install builds it)';
-  if (process.getuid() !== 0) return 'profile loads BPF programs: run the tests as root';
-  // A pid that cannot exist: a build without the BPF program says so first.
-  const probe = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
-  if (/no kernel sampler/.test(probe.stderr)) return probe.stderr.trim();
-  return null;
-}
 
 function goTool() {
   for (const go of ['go', '/usr/local/go/bin/go']) {
@@ -35,7 +25,7 @@ function goTool() {
   return null;
 }
 
-const skip = unavailable();
+const skip = profileUnavailable(READER);
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-profile-'));
 let service = null;
 let ids = null;
