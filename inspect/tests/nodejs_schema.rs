@@ -16,7 +16,10 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use common::{build_dir, by_thread, fixture_source, gcc, inspect_json, reader, thread, Running};
+use common::{
+    build_dir, by_thread, fixture_source, gcc, inspect_json, reader, sample_command, thread,
+    Running,
+};
 
 /// Builds the two hosts once per test run; returns their directory.
 fn fixtures() -> &'static Path {
@@ -167,16 +170,9 @@ fn role_tid(host: &Host, role: &str) -> i32 {
 /// `sample` of `pid` at 20 Hz for `duration` seconds, printing `output`
 /// (`--raw` reads or the `--json` summary).
 fn sample(pid: i32, duration: &str, output: &str) -> std::process::Output {
-    reader(&[
-        "sample",
-        "--pid",
-        &pid.to_string(),
-        "--hz",
-        "20",
-        "--duration",
-        duration,
-        output,
-    ])
+    sample_command(pid, "20", duration, &[output])
+        .output()
+        .expect("reader runs")
 }
 
 fn check_sample(host: &Host, with_record: bool) {
@@ -257,9 +253,7 @@ fn profile_walks_the_same_objects_at_the_sample() {
         return;
     }
     let host = spawn_with("v8heap_both", &["spin"]);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("v8heap-profile");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("{}.jsonl", host.pid));
+    let out = build_dir("v8heap-profile").join(format!("{}.jsonl", host.pid));
     let run = reader(&[
         "profile",
         "--pid",

@@ -13,7 +13,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -22,7 +21,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use common::{build_dir, fixture_source, gcc, inspect_json, reader, thread, Running, READER};
+use common::{
+    build_dir, fixture_source, forward_lines, gcc, inspect_json, reader, sample_command, thread,
+    Running, READER,
+};
 
 /// Builds the fixtures once per test run; returns their directory.
 fn fixtures() -> &'static Path {
@@ -292,33 +294,15 @@ fn assert_threads(report: &Value, f: &Fixture, path: &str) {
 
 /// `sample --raw --json` of `pid` at `hz` for `duration` seconds.
 fn sample_raw_json(pid: i32, hz: &str, duration: &str) -> Output {
-    reader(&[
-        "sample",
-        "--pid",
-        &pid.to_string(),
-        "--hz",
-        hz,
-        "--duration",
-        duration,
-        "--raw",
-        "--json",
-    ])
+    sample_command(pid, hz, duration, &["--raw", "--json"])
+        .output()
+        .expect("reader runs")
 }
 
 /// `sample --json` of `pid` at `hz` for `duration` seconds, running in the
 /// background with its output piped.
 fn spawn_sample_json(pid: i32, hz: &str, duration: &str) -> Child {
-    Command::new(READER)
-        .args([
-            "sample",
-            "--pid",
-            &pid.to_string(),
-            "--hz",
-            hz,
-            "--duration",
-            duration,
-            "--json",
-        ])
+    sample_command(pid, hz, duration, &["--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -784,35 +768,15 @@ struct Sampler {
 }
 
 fn start_sample(pid: i32, hz: &str, duration: &str) -> Sampler {
-    let mut child = Command::new(READER)
-        .args([
-            "sample",
-            "--pid",
-            &pid.to_string(),
-            "--hz",
-            hz,
-            "--duration",
-            duration,
-            "--raw",
-            "--json",
-            // A loaded machine can take long to schedule a thread into its
-            // stop; these runs are about what is read, not how fast.
-            "--stop-timeout-ms",
-            "2000",
-        ])
+    // A loaded machine can take long to schedule a thread into its stop;
+    // these runs are about what is read, not how fast.
+    let more = ["--raw", "--json", "--stop-timeout-ms", "2000"];
+    let mut child = sample_command(pid, hz, duration, &more)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("reader runs");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, lines) = mpsc::channel();
-    let collector = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            if tx.send(line.unwrap()).is_err() {
-                break;
-            }
-        }
-    });
+    let (lines, collector) = forward_lines(child.stdout.take().unwrap());
     Sampler {
         child,
         lines,

@@ -7,10 +7,11 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -42,6 +43,22 @@ pub fn gcc<S: AsRef<OsStr>>(args: &[S]) {
     assert!(status.success(), "gcc {args:?} failed");
 }
 
+/// Sends `stream`'s lines, as they come, to the receiver returned, from a
+/// thread of their own (which ends with the stream, or the receiver).
+pub fn forward_lines(
+    stream: impl Read + Send + 'static,
+) -> (mpsc::Receiver<String>, JoinHandle<()>) {
+    let (tx, lines) = mpsc::channel();
+    let forwarder = std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    (lines, forwarder)
+}
+
 /// A fixture process whose stdout lines arrive as they are printed.
 /// Killed and reaped when dropped.
 pub struct Running {
@@ -67,15 +84,7 @@ impl Running {
             .stdout(Stdio::piped())
             .spawn()
             .expect("fixture starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                if tx.send(line.unwrap_or_default()).is_err() {
-                    break;
-                }
-            }
-        });
+        let (lines, _) = forward_lines(child.stdout.take().unwrap());
         Running {
             pid: child.id() as i32,
             child,
@@ -114,6 +123,17 @@ pub fn reader(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("reader runs")
+}
+
+/// The reader's `sample` of `pid` at `hz` for `duration` seconds, with
+/// `more` arguments.
+pub fn sample_command(pid: i32, hz: &str, duration: &str, more: &[&str]) -> Command {
+    let mut command = Command::new(READER);
+    command
+        .args(["sample", "--pid", &pid.to_string()])
+        .args(["--hz", hz, "--duration", duration])
+        .args(more);
+    command
 }
 
 /// `inspect --json` of `pid`: the exit code and the report.
