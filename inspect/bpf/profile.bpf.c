@@ -15,6 +15,10 @@
 // DTV slot and offset) and the V8 layout of the walk; it adds and removes
 // entries while the program runs (one for `profile --pid`, every publishing
 // process for the agent).
+//
+// Threadpool work: uprobes on libuv's uv__work_submit and on the work
+// functions a pool thread calls carry the submitting thread's span to the
+// pool thread that runs the item (see "libuv threadpool" below).
 
 #include <stdbool.h>
 #include <linux/bpf.h>
@@ -67,6 +71,12 @@ enum schema { SCHEMA_RECORD = 0, SCHEMA_NODEJS = 1 };
 
 enum tls_mode { TLS_STATIC = 0, TLS_DTV = 1, TLS_NONE = 2 };
 
+enum sample_flags {
+	// A pool thread running a work item: the record is the span of the
+	// thread that queued the item, read when it queued it.
+	SAMPLE_THREADPOOL = 1,
+};
+
 // One sample as userspace receives it (laid out without implicit padding;
 // the Rust side decodes the same offsets).
 struct sample {
@@ -81,7 +91,7 @@ struct sample {
 	char comm[16];
 	__u8 record[ABI_RECORD_SIZE];
 	__u32 schema;             // enum schema: where record_status comes from
-	__u32 reserved;
+	__u32 flags;              // enum sample_flags
 	__u64 user_stack[MAX_FRAMES];
 	__u64 kernel_stack[MAX_FRAMES];
 	__u64 user_stack_copy_id; // the user_stack_copy sent for this sample; 0: none
@@ -140,7 +150,13 @@ struct {
 	__type(value, struct sample);
 } scratch SEC(".maps");
 
-enum counter { LOST_RING_FULL = 0, LOST_BLOCKED_FULL = 1, COUNTERS = 2 };
+enum counter {
+	LOST_RING_FULL = 0,
+	LOST_BLOCKED_FULL = 1,
+	POOL_QUEUED_IN_SPAN = 2,  // work items queued while the submitter was in a span
+	POOL_RAN_IN_SPAN = 3,     // work items a pool thread began with their queued span
+	COUNTERS = 4,
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -346,8 +362,99 @@ static __always_inline __u32 read_nodejs_record(const struct target *t, struct t
 	return copy_record(record, dst);
 }
 
+static __always_inline bool has_span(__u32 status, const __u8 *record)
+{
+	return status == RECORD_READ && record[ABI_OFFSET_VALID] == ABI_VALID;
+}
+
+// The thread's span as the reader finds it: from either schema (the
+// record's first), else the Node.js walk's reason when its block is
+// published. Shared by the samplers and the threadpool's submit probe.
+static __always_inline __u32 read_span(const struct target *t, struct task_struct *task, __u8 *dst,
+				       __u32 *schema)
+{
+	dst[ABI_OFFSET_VALID] = 0;
+	*schema = SCHEMA_RECORD;
+	__u32 status = read_record(t, task, dst);
+	if (t->nodejs[0].mode != TLS_NONE && !has_span(status, dst)) {
+		__u32 walked = read_nodejs_record(t, task, dst);
+		if (walked != NODE_NOT_PUBLISHED || t->record.mode == TLS_NONE) {
+			*schema = SCHEMA_NODEJS;
+			status = walked;
+		}
+	}
+	return status;
+}
+
+// --- libuv threadpool ---------------------------------------------------
+//
+// libuv queues every threadpool item through uv__work_submit(loop, w, kind,
+// work, done) on the submitting (JS) thread (node's build inlines it into
+// uv_queue_work, probed as well); a pool thread later calls work(w). The
+// submit probe copies the submitter's span (read as a sample reads it) into pool_items under {tgid, w}; the entry probe of the work
+// functions moves it to the pool thread's own storage, and their return
+// probe clears it. A sample of a pool thread without a span of its own
+// then carries the queued span, marked SAMPLE_THREADPOOL.
+//
+// Never a wrong span: a submit without a span deletes any entry left under
+// the same address (a cancelled item's, since libuv reuses requests); an
+// item whose entry was evicted runs without a span. pool_items is an LRU
+// table, so items that never run (cancelled) cannot fill it for good; the
+// per-thread state lives in task storage, freed with the thread (a process
+// that exits mid-item leaves nothing behind).
+
+struct pool_item_key {
+	__u32 tgid;
+	__u32 reserved;
+	__u64 work;               // the uv__work the item was queued as
+};
+
+struct queued_span {
+	__u64 work;               // the key's address again, checked after a copy
+	__u32 schema;             // enum schema of the record
+	__u32 state;              // running_state (pool thread storage only)
+	__u8 record[ABI_RECORD_SIZE];
+};
+
+// Work items queued in a span, until a pool thread picks them up.
+// Userspace may size it with max_entries.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct pool_item_key);
+	__type(value, struct queued_span);
+} pool_items SEC(".maps");
+
+// Per thread: a pool thread's running item (state RUNNING_WITH_SPAN), or a
+// submitter's staging space (uprobe programs may be preempted, so a per-CPU
+// buffer could be shared by two of them; a thread's own storage cannot).
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct queued_span);
+} thread_span SEC(".maps");
+
+enum running_state { IDLE = 0, WRITING = 1, RUNNING_WITH_SPAN = 2 };
+
+// Copies a pool thread's queued span into its sample. The storage is only
+// written by the thread itself (in its probes), and samples of a thread
+// are taken on that thread (a perf-event interrupt) or at its switch-out:
+// a sample that interrupts a probe mid-write sees WRITING, and drops it.
+static __always_inline void take_pool_span(struct task_struct *pool_task, struct sample *s)
+{
+	struct queued_span *q = bpf_task_storage_get(&thread_span, pool_task, 0, 0);
+	if (!q || q->state != RUNNING_WITH_SPAN)
+		return;
+	if (bpf_probe_read_kernel(s->record, sizeof(s->record), q->record))
+		return;
+	s->schema = q->schema;
+	s->record_status = RECORD_READ;
+	s->flags = SAMPLE_THREADPOOL;
+}
+
 static __always_inline void fill(void *ctx, struct sample *s, const struct target *t,
-				 struct task_struct *task, __u32 kind)
+				 struct task_struct *task, struct task_struct *pool_task, __u32 kind)
 {
 	s->kind = kind;
 	s->tid = BPF_CORE_READ(task, pid);
@@ -355,19 +462,10 @@ static __always_inline void fill(void *ctx, struct sample *s, const struct targe
 	s->time_ns = bpf_ktime_get_ns();
 	s->off_cpu_ns = 0;
 	BPF_CORE_READ_STR_INTO(&s->comm, task, comm);
-	s->record[ABI_OFFSET_VALID] = 0;
-	s->schema = SCHEMA_RECORD;
-	s->record_status = read_record(t, task, s->record);
-	// As the reader does: a span from either schema (the record's first),
-	// else the Node.js walk's reason when its block is published.
-	bool record_span = s->record_status == RECORD_READ && s->record[ABI_OFFSET_VALID] == ABI_VALID;
-	if (t->nodejs[0].mode != TLS_NONE && !record_span) {
-		__u32 status = read_nodejs_record(t, task, s->record);
-		if (status != NODE_NOT_PUBLISHED || t->record.mode == TLS_NONE) {
-			s->schema = SCHEMA_NODEJS;
-			s->record_status = status;
-		}
-	}
+	s->record_status = read_span(t, task, s->record, &s->schema);
+	s->flags = 0;
+	if (!has_span(s->record_status, s->record) && pool_task)
+		take_pool_span(pool_task, s);
 	s->user_stack_bytes = bpf_get_stack(ctx, s->user_stack, sizeof(s->user_stack), BPF_F_USER_STACK);
 	s->kernel_stack_bytes = bpf_get_stack(ctx, s->kernel_stack, sizeof(s->kernel_stack), 0);
 }
@@ -526,7 +624,8 @@ int on_cpu(void *ctx)
 		count(LOST_RING_FULL);
 		return 0;
 	}
-	fill(ctx, s, t, (struct task_struct *)bpf_get_current_task(), KIND_CPU);
+	struct task_struct *current = bpf_get_current_task_btf();
+	fill(ctx, s, t, (struct task_struct *)bpf_get_current_task(), current, KIND_CPU);
 	s->user_stack_copy_id = copy_id;
 	bpf_ringbuf_submit(s, 0);
 	return 0;
@@ -551,7 +650,7 @@ int BPF_PROG(off_cpu, bool preempt, struct task_struct *prev, struct task_struct
 	if (t && !still_runnable(prev)) {
 		struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
 		if (s) {
-			fill(ctx, s, t, prev, KIND_OFF_CPU);
+			fill(ctx, s, t, prev, prev, KIND_OFF_CPU);
 			s->user_stack_copy_id = send_user_stack(prev);
 			__u32 tid = s->tid;
 			if (bpf_map_update_elem(&blocked, &tid, s, BPF_ANY))
@@ -569,6 +668,105 @@ int BPF_PROG(off_cpu, bool preempt, struct task_struct *prev, struct task_struct
 			bpf_map_delete_elem(&blocked, &tid);
 		}
 	}
+	return 0;
+}
+
+// The argument registers a uprobe reads (x86-64 System V).
+struct pt_regs___args {
+	unsigned long di;
+	unsigned long si;
+	unsigned long dx;
+} __attribute__((preserve_access_index));
+
+// On the submitting thread, before the item is queued (so before any pool
+// thread can take it): uv__work_submit(loop, w, kind, work, done), whose
+// cookie is 0, and uv_queue_work(loop, req, work_cb, after_work_cb), whose
+// cookie is where req keeps its uv__work (libuv fails the call without a
+// work_cb, so nothing is queued then).
+SEC("uprobe")
+int pool_submit(struct pt_regs___args *regs)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	const struct target *t = bpf_map_lookup_elem(&targets, &tgid);
+	if (!t)
+		return 0;
+	__u64 work_offset = bpf_get_attach_cookie(regs);
+	if (work_offset && !regs->dx)
+		return 0;
+	struct pool_item_key key = { .tgid = tgid, .work = regs->si + work_offset };
+	struct task_struct *current = bpf_get_current_task_btf();
+	struct queued_span *q = bpf_task_storage_get(&thread_span, current, 0,
+						     BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!q) {
+		bpf_map_delete_elem(&pool_items, &key);
+		return 0;
+	}
+	q->work = key.work;
+	q->state = IDLE;
+	__u32 status = read_span(t, (struct task_struct *)bpf_get_current_task(), q->record, &q->schema);
+	if (!has_span(status, q->record)) {
+		bpf_map_delete_elem(&pool_items, &key);
+		return 0;
+	}
+	if (bpf_map_update_elem(&pool_items, &key, q, BPF_ANY) == 0)
+		count(POOL_QUEUED_IN_SPAN);
+	return 0;
+}
+
+// Entry of a work function (uv__fs_work, uv__queue_work, ...): work(w) on
+// a pool thread.
+SEC("uprobe")
+int pool_work_enter(struct pt_regs___args *regs)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!bpf_map_lookup_elem(&targets, &tgid))
+		return 0;
+	struct pool_item_key key = { .tgid = tgid, .work = regs->di };
+	struct task_struct *current = bpf_get_current_task_btf();
+	struct queued_span *item = bpf_map_lookup_elem(&pool_items, &key);
+	struct queued_span *mine = bpf_task_storage_get(&thread_span, current, 0,
+							item ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	if (!mine) {
+		if (item)
+			bpf_map_delete_elem(&pool_items, &key);
+		return 0;
+	}
+	mine->state = WRITING;
+	if (!item)
+		goto idle;
+	// ORDER: WRITING is visible before the copy starts and RUNNING_WITH_SPAN
+	// only after it ends, for a sample that interrupts this thread; the
+	// barriers keep the compiler from moving the stores (the reader is on
+	// the same CPU, so no hardware fence is needed).
+	asm volatile("" ::: "memory");
+	if (bpf_probe_read_kernel(mine->record, sizeof(mine->record), item->record))
+		goto idle;
+	mine->schema = item->schema;
+	mine->work = item->work;
+	bpf_map_delete_elem(&pool_items, &key);
+	// An entry recycled under us (another key's) is not this item's.
+	if (mine->work != key.work)
+		goto idle;
+	asm volatile("" ::: "memory");
+	mine->state = RUNNING_WITH_SPAN;
+	count(POOL_RAN_IN_SPAN);
+	return 0;
+idle:
+	asm volatile("" ::: "memory");
+	mine->state = IDLE;
+	return 0;
+}
+
+// Return of a work function: the pool thread is between items again.
+SEC("uretprobe")
+int pool_work_exit(void *ctx)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!bpf_map_lookup_elem(&targets, &tgid))
+		return 0;
+	struct queued_span *mine = bpf_task_storage_get(&thread_span, bpf_get_current_task_btf(), 0, 0);
+	if (mine)
+		mine->state = IDLE;
 	return 0;
 }
 

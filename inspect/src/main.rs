@@ -103,6 +103,10 @@ enum Command {
         /// Most per-trace flame graphs (or folded files) written, busiest first.
         #[arg(long, default_value_t = 20)]
         max_traces: usize,
+        /// Do not attribute libuv threadpool work (fs, crypto, zlib, dns, N-API async
+        /// work) to the span that queued it (on by default when node's libuv symbols are found).
+        #[arg(long)]
+        no_threadpool: bool,
     },
 }
 
@@ -146,6 +150,7 @@ fn main() -> ExitCode {
             output,
             otlp_endpoint,
             max_traces,
+            no_threadpool,
         } => {
             let opts = profile::Options {
                 pid,
@@ -156,6 +161,7 @@ fn main() -> ExitCode {
                 output,
                 otlp_endpoint,
                 max_traces,
+                threadpool: !no_threadpool,
             };
             match profile::run(&opts) {
                 Err(e) => {

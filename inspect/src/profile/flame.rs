@@ -52,11 +52,15 @@ pub fn folded(p: &Profile) -> Vec<String> {
     folded_lines(lines)
 }
 
-/// The folded stack of `e`: `root` (if any), the span, the on/off-CPU
-/// marker when the profile has both, then the frames, outermost first.
+/// The folded stack of `e`: `root` (if any), the span, `[threadpool]` for
+/// a pool thread's work item, the on/off-CPU marker when the profile has
+/// both, then the frames, outermost first.
 fn stack(p: &Profile, e: &Entry, root: Option<String>) -> String {
     let mut stack: Vec<String> = root.into_iter().collect();
     stack.push(span_label(e).replace(';', ":"));
+    if e.threadpool {
+        stack.push("[threadpool]".into());
+    }
     if p.off_cpu {
         stack.push(if e.kind == Kind::OnCpu {
             "[on-cpu]".into()

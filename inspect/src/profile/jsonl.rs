@@ -49,6 +49,8 @@ pub fn line(s: &Sample, key_map: &[String], names: &Names) -> String {
     o.insert("record".into(), json!(status));
     let valid = s.record.valid();
     o.insert("valid".into(), json!(valid.is_some()));
+    // A pool thread's work item: the span is the one that queued it.
+    o.insert("threadpool".into(), json!(s.threadpool));
     if let Some((h, attrs_data)) = valid {
         o.insert("trace_id".into(), json!(h.trace_id.to_string()));
         o.insert("span_id".into(), json!(h.span_id.to_string()));

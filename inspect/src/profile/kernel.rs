@@ -28,6 +28,7 @@ mod layout {
     pub const COMM: usize = 40;
     pub const RECORD: usize = 56;
     pub const SCHEMA: usize = RECORD + super::RECORD_SIZE;
+    pub const FLAGS: usize = SCHEMA + 4;
     pub const USER_STACK: usize = SCHEMA + 8;
     pub const KERNEL_STACK: usize = USER_STACK + 8 * super::MAX_FRAMES;
     pub const USER_STACK_COPY_ID: usize = KERNEL_STACK + 8 * super::MAX_FRAMES;
@@ -49,6 +50,10 @@ mod copy_layout {
     pub const BYTES: usize = 40;
     pub const STACK: usize = 48;
 }
+
+/// `flags` bit of a sample taken on a pool thread running a work item:
+/// its record is the span of the thread that queued the item.
+const FLAG_THREADPOOL: u32 = 1;
 
 /// The `kind` of a user stack copy record.
 const KIND_USER_STACK: u32 = 2;
@@ -106,6 +111,9 @@ pub struct Sample {
     /// The schema `record` comes from.
     pub schema: Schema,
     pub record: RecordRead,
+    /// A libuv pool thread running a work item: `record` is the span of
+    /// the thread that queued the item, as read when it queued it.
+    pub threadpool: bool,
     /// The user stack, leaf first: the instruction pointer, then return
     /// addresses. As decoded: the kernel's frame-pointer walk.
     pub user_stack: Vec<u64>,
@@ -254,6 +262,7 @@ pub fn decode(b: &[u8]) -> Option<Sample> {
         off_cpu_ns: u64_at(b, layout::OFF_CPU_NS),
         schema,
         record,
+        threadpool: u32_at(b, layout::FLAGS) & FLAG_THREADPOOL != 0,
         user_stack: stack(
             b,
             layout::USER_STACK,
@@ -421,10 +430,12 @@ mod loaded {
 
     use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
     use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-    use aya::programs::{BtfTracePoint, PerfEvent};
+    use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+    use aya::programs::{BtfTracePoint, PerfEvent, UProbe};
     use aya::{Btf, Ebpf, EbpfLoader};
 
     use super::{decode_item, AttachError, Pairing, Sample, TargetPlan, TARGET_SIZE};
+    use crate::profile::threadpool::Probes;
 
     static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profile.bpf.o"));
 
@@ -435,7 +446,7 @@ mod loaded {
         counters: PerCpuArray<MapData, u64>,
         pairing: Pairing,
         // Holds the programs and links: dropping it detaches everything.
-        _ebpf: Ebpf,
+        ebpf: Ebpf,
     }
 
     /// Counts of samples the kernel side had to drop.
@@ -443,6 +454,15 @@ mod loaded {
     pub struct Lost {
         pub ring_full: u64,
         pub blocked_table_full: u64,
+    }
+
+    /// Counts of the threadpool probes.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct PoolItems {
+        /// Work items queued while their submitter was in a span.
+        pub queued_in_span: u64,
+        /// Of those, the items a pool thread began with their span.
+        pub ran_in_span: u64,
     }
 
     impl Loaded {
@@ -454,7 +474,10 @@ mod loaded {
             let mut loader = EbpfLoader::new();
             loader
                 .map_max_entries("stack_scratch", cpus as u32)
-                .map_max_entries("targets", max_targets.max(1));
+                .map_max_entries("targets", max_targets.max(1))
+                // The threadpool's per-thread state is task storage, a map
+                // type aya creates but has no typed wrapper for.
+                .allow_unsupported_maps();
             let mut ebpf = loader
                 .load(OBJECT)
                 .map_err(|e| explain("loading the BPF object", &e))?;
@@ -504,7 +527,7 @@ mod loaded {
                 counters,
                 targets,
                 pairing: Pairing::default(),
-                _ebpf: ebpf,
+                ebpf,
             })
         }
 
@@ -514,6 +537,14 @@ mod loaded {
             self.targets
                 .insert(plan.tgid, plan.encode(), 0)
                 .map_err(|e| explain(&format!("adding pid {} to the targets", plan.tgid), &e))
+        }
+
+        /// Follows process `tgid`'s threadpool work to the span that queued
+        /// it: attaches the submit probes and the entry and return probes of
+        /// every work function, for that process only (the kernel places the
+        /// breakpoints in its memory alone). They stay until `self` drops.
+        pub fn attach_threadpool(&mut self, tgid: u32, probes: &Probes) -> Result<(), AttachError> {
+            attach_threadpool(&mut self.ebpf, probes, tgid)
         }
 
         /// Stops sampling process `tgid` (nothing when it was not sampled).
@@ -541,17 +572,61 @@ mod loaded {
 
         /// What the kernel side dropped so far, summed over CPUs.
         pub fn lost(&self) -> Lost {
-            let sum = |i: u32| {
-                self.counters
-                    .get(&i, 0)
-                    .map(|per_cpu| per_cpu.iter().sum())
-                    .unwrap_or(0)
-            };
             Lost {
-                ring_full: sum(0),
-                blocked_table_full: sum(1),
+                ring_full: self.sum(0),
+                blocked_table_full: self.sum(1),
             }
         }
+
+        /// What the threadpool probes saw so far.
+        pub fn pool_items(&self) -> PoolItems {
+            PoolItems {
+                queued_in_span: self.sum(2),
+                ran_in_span: self.sum(3),
+            }
+        }
+
+        fn sum(&self, counter: u32) -> u64 {
+            self.counters
+                .get(&counter, 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .unwrap_or(0)
+        }
+    }
+
+    fn attach_threadpool(ebpf: &mut Ebpf, probes: &Probes, tgid: u32) -> Result<(), AttachError> {
+        let scope = UProbeScope::OneProcess(
+            std::num::NonZeroU32::new(tgid).ok_or("the threadpool probes need a pid")?,
+        );
+        // The cookie tells the submit probe where the work item is in its
+        // second argument.
+        let mut sites: Vec<(&str, u64, Option<u64>, &str)> = probes
+            .submitters
+            .iter()
+            .map(|s| ("pool_submit", s.offset, Some(s.work_offset), s.function))
+            .collect();
+        for &(name, offset) in &probes.work {
+            sites.push(("pool_work_enter", offset, None, name));
+            sites.push(("pool_work_exit", offset, None, name));
+        }
+        for (program, offset, cookie, function) in sites {
+            let prog: &mut UProbe = ebpf
+                .program_mut(program)
+                .ok_or_else(|| format!("the BPF object has no {program} program"))?
+                .try_into()
+                .map_err(|e| format!("{program}: {e}"))?;
+            if prog.fd().is_err() {
+                prog.load()
+                    .map_err(|e| explain(&format!("loading {program}"), &e))?;
+            }
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                cookie,
+            };
+            prog.attach(point, &probes.attach_path, scope)
+                .map_err(|e| explain(&format!("attaching {program} to {function}"), &e))?;
+        }
+        Ok(())
     }
 
     /// Names the failed step with its chain of causes, and tells a refused

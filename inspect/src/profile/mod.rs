@@ -17,6 +17,7 @@ pub mod otlp;
 pub mod perf_map;
 pub mod pprof;
 pub mod symbolize;
+pub mod threadpool;
 pub mod unwind;
 
 #[cfg(profile_bpf)]
@@ -72,6 +73,8 @@ pub struct Options {
     pub otlp_endpoint: Option<String>,
     /// Per-trace flame graphs or folded files written at most.
     pub max_traces: usize,
+    /// Attribute libuv threadpool work to the span that queued it.
+    pub threadpool: bool,
 }
 
 /// What the command prints when it is done.
@@ -204,11 +207,25 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
         layout,
         crate::tls::HOST.dtv_pointer_offset,
     );
-    sample(opts, target, plan, lines)
+    let pool = if opts.threadpool {
+        threadpool::find(opts.pid, &target.maps)
+            .map_err(|why| lines.push(format!("threadpool: not attributed: {why}")))
+            .ok()
+    } else {
+        lines.push("threadpool: not attributed (--no-threadpool)".into());
+        None
+    };
+    sample(opts, target, plan, pool, lines)
 }
 
 #[cfg(not(profile_bpf))]
-fn sample(_: &Options, _: Target, _: kernel::TargetPlan, _: Vec<String>) -> Result<Report, Fatal> {
+fn sample(
+    _: &Options,
+    _: Target,
+    _: kernel::TargetPlan,
+    _: Option<threadpool::Probes>,
+    _: Vec<String>,
+) -> Result<Report, Fatal> {
     unreachable!("kernel::unavailable() is Some without the BPF program")
 }
 
@@ -217,12 +234,29 @@ fn sample(
     opts: &Options,
     target: Target,
     plan: kernel::TargetPlan,
+    pool: Option<threadpool::Probes>,
     mut lines: Vec<String>,
 ) -> Result<Report, Fatal> {
     let pid = opts.pid;
     let mut loaded =
         kernel::Loaded::attach(opts.hz, opts.off_cpu, 1).map_err(ProfileError::from)?;
     loaded.add_target(&plan).map_err(ProfileError::from)?;
+    // A threadpool probe that cannot be attached does not stop the profile.
+    let pool = pool.and_then(|p| match loaded.attach_threadpool(plan.tgid, &p) {
+        Ok(()) => Some(p),
+        Err(e) => {
+            lines.push(format!("threadpool: not attributed: {e}"));
+            None
+        }
+    });
+    if let Some(p) = &pool {
+        lines.push(format!(
+            "threadpool: work queued through libuv's pool follows its span to the pool thread ({} -> {} in {})",
+            p.submitters.iter().map(|s| s.function).collect::<Vec<_>>().join(", "),
+            p.work.iter().map(|&(name, _)| name).collect::<Vec<_>>().join(", "),
+            p.module
+        ));
+    }
     let start_monotonic_ns = thread::monotonic_ns();
     let start_unix_ns = unix_now_ns();
     let started = Instant::now();
@@ -276,6 +310,7 @@ fn sample(
     }
     loaded.poll(Duration::ZERO, |s| take(s, &mut collector));
     let lost = loaded.lost();
+    let pool_items = loaded.pool_items();
     drop(loaded);
     let duration_ns = started.elapsed().as_nanos() as u64;
     if !target_exited {
@@ -328,6 +363,13 @@ fn sample(
         if opts.off_cpu { format!(", {:.3} s off CPU", profile.off_cpu_ns() as f64 / 1e9) } else { String::new() },
         truncated_stacks(&on_cpu_stacks, opts.off_cpu.then_some(&off_cpu_stacks)),
     ));
+    if pool.is_some() {
+        let pool_samples = samples.iter().filter(|s| s.threadpool).count();
+        lines.push(format!(
+            "threadpool: {} work items queued in a span, {} begun on a pool thread with it; {pool_samples} samples of pool threads carry a queued span",
+            pool_items.queued_in_span, pool_items.ran_in_span
+        ));
+    }
     if target_exited {
         lines.push(format!(
             "pid {pid} exited after {:.2} s; the profile covers the run until then",

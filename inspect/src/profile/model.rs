@@ -72,6 +72,8 @@ pub struct Entry {
     pub tid: u32,
     pub thread_name: String,
     pub span: Option<Span>,
+    /// A pool thread running a work item: the span is the one that queued it.
+    pub threadpool: bool,
     /// Record attributes named through the process context's key map (an
     /// index the map does not name is called `attr.<index>`).
     pub attributes: Vec<(String, String)>,
@@ -151,6 +153,7 @@ struct Key {
     state: State,
     tid: u32,
     span: Option<Span>,
+    threadpool: bool,
     attributes: Vec<(String, String)>,
     frames: Vec<Frame>,
 }
@@ -214,6 +217,7 @@ pub fn build(
             state,
             tid: s.tid,
             span,
+            threadpool: s.threadpool,
             attributes,
             frames,
         };
@@ -227,6 +231,7 @@ pub fn build(
                     .cloned()
                     .unwrap_or_else(|| s.comm.clone()),
                 span,
+                threadpool: k.threadpool,
                 attributes: k.attributes.clone(),
                 frames: k.frames.clone(),
                 events: Vec::new(),
@@ -274,6 +279,7 @@ pub mod tests {
             off_cpu_ns,
             schema: crate::schema::Schema::Record,
             record,
+            threadpool: false,
             user_stack: user.to_vec(),
             kernel_stack: if kind == Kind::OffCpu {
                 vec![

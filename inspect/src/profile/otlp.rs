@@ -177,6 +177,9 @@ pub fn request(p: &Profile, resource: Resource) -> ExportProfilesServiceRequest 
                 dict.text("thread.name", &e.thread_name),
                 dict.text("thread.state", e.state.name()),
             ];
+            if e.threadpool {
+                attribute_indices.push(dict.text("thread.pool", "true"));
+            }
             for (k, v) in &e.attributes {
                 attribute_indices.push(dict.text(k, v));
             }

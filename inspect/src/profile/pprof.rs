@@ -200,6 +200,9 @@ fn encode(p: &Profile, comments: &[String]) -> proto::Profile {
         });
         label.push(text("thread.name", &e.thread_name, &mut strings));
         label.push(text("state", e.state.name(), &mut strings));
+        if e.threadpool {
+            label.push(text("thread.pool", "true", &mut strings));
+        }
         for (k, v) in &e.attributes {
             label.push(text(k, v, &mut strings));
         }

@@ -1,0 +1,284 @@
+//! Where a target's libuv threadpool can be probed: the module (the `node`
+//! executable, or a libnode/libuv it loaded) whose symbol table names
+//! `uv__work_submit`, where every pool item is queued, and the work
+//! functions a pool thread calls for an item. libuv keeps these functions
+//! local, so only `.symtab` names them: a stripped build cannot be probed.
+
+use std::path::PathBuf;
+
+use object::elf;
+use object::read::elf::{ElfFile64, ProgramHeader, Sym};
+use object::Endianness;
+
+use crate::elf::MappedFile;
+use crate::maps::Mapping;
+
+/// Queues a work item: `uv__work_submit(loop, w, kind, work, done)`.
+/// The file system and DNS requests call it; `uv_queue_work` has its own
+/// copy inlined, so it is probed too.
+pub const SUBMIT: &str = "uv__work_submit";
+
+/// `uv_queue_work(loop, req, work_cb, after_work_cb)`: crypto, zlib, N-API
+/// async work and most of Node's other pool work.
+pub const QUEUE_WORK: &str = "uv_queue_work";
+
+/// Where a `uv_work_t` keeps its `struct uv__work` (`work_req`): libuv's
+/// ABI, stable across 1.x on 64-bit Unix (node's `uv__queue_work` steps
+/// back by the same amount to find the request).
+pub const WORK_REQ_OFFSET: u64 = 88;
+
+/// libuv's own work functions, each called as `work(w)` on a pool thread
+/// with the `w` that was queued: file system requests, `uv_queue_work`'s
+/// items, DNS lookups. (`uv_random` queues its own inlined, unprobed.)
+pub const WORK_FUNCTIONS: [&str; 4] = [
+    "uv__fs_work",
+    "uv__queue_work",
+    "uv__getaddrinfo_work",
+    "uv__getnameinfo_work",
+];
+
+/// A probe site where work is queued: the function, its file offset, and
+/// what to add to its second argument to get the `struct uv__work *`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Submitter {
+    pub function: &'static str,
+    pub offset: u64,
+    pub work_offset: u64,
+}
+
+/// The uprobe sites of one target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probes {
+    /// The module as the process maps it.
+    pub module: String,
+    /// The same file as this process reaches it (through the target's root).
+    pub attach_path: PathBuf,
+    /// Where work is queued.
+    pub submitters: Vec<Submitter>,
+    /// The work functions found, with their file offsets.
+    pub work: Vec<(&'static str, u64)>,
+}
+
+/// The probe sites in one ELF image: where work is queued, and the work
+/// functions present (with their file offsets). `None` when it defines
+/// neither `uv__work_submit` nor `uv_queue_work`.
+#[allow(clippy::type_complexity)]
+pub fn sites(
+    data: &[u8],
+) -> Result<Option<(Vec<Submitter>, Vec<(&'static str, u64)>)>, object::read::Error> {
+    let file = ElfFile64::<Endianness>::parse(data)?;
+    let endian = file.endian();
+    let loads: Vec<(u64, u64, u64)> = file
+        .elf_program_headers()
+        .iter()
+        .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
+        .map(|ph| (ph.p_vaddr(endian), ph.p_filesz(endian), ph.p_offset(endian)))
+        .collect();
+    let file_offset = |vaddr: u64| {
+        loads
+            .iter()
+            .find(|&&(start, size, _)| vaddr >= start && vaddr - start < size)
+            .map(|&(start, _, offset)| vaddr - start + offset)
+    };
+    let mut submitters: Vec<Submitter> = Vec::new();
+    let mut work = Vec::new();
+    for table in [file.elf_symbol_table(), file.elf_dynamic_symbol_table()] {
+        let strings = table.strings();
+        for sym in table.symbols() {
+            if sym.st_type() != elf::STT_FUNC || sym.st_shndx(endian) == elf::SHN_UNDEF {
+                continue;
+            }
+            let Ok(name) = sym.name(endian, strings) else {
+                continue;
+            };
+            let Some(offset) = file_offset(sym.st_value(endian)) else {
+                continue;
+            };
+            let submitter = match name {
+                n if n == SUBMIT.as_bytes() => Some((SUBMIT, 0)),
+                n if n == QUEUE_WORK.as_bytes() => Some((QUEUE_WORK, WORK_REQ_OFFSET)),
+                _ => None,
+            };
+            if let Some((function, work_offset)) = submitter {
+                if !submitters.iter().any(|s| s.function == function) {
+                    submitters.push(Submitter {
+                        function,
+                        offset,
+                        work_offset,
+                    });
+                }
+            } else if let Some(&known) = WORK_FUNCTIONS.iter().find(|f| f.as_bytes() == name) {
+                if !work.iter().any(|&(n, _)| n == known) {
+                    work.push((known, offset));
+                }
+            }
+        }
+    }
+    work.sort_by_key(|&(name, _)| WORK_FUNCTIONS.iter().position(|&f| f == name));
+    submitters.sort_by_key(|s| s.function != SUBMIT);
+    Ok((!submitters.is_empty()).then_some((submitters, work)))
+}
+
+/// The modules of `pid` that may hold libuv: its executable, then any
+/// mapped libnode or libuv, each once.
+fn candidates(pid: i32, maps: &[Mapping]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    if let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+        out.push(exe.to_string_lossy().into_owned());
+    }
+    for m in maps.iter().filter(|m| m.is_file_backed()) {
+        let name = m.name();
+        let base = name.rsplit('/').next().unwrap_or(name);
+        if (base.starts_with("libnode") || base.starts_with("libuv"))
+            && !out.iter().any(|o| o == name)
+        {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+/// Finds the probe sites of `pid`'s threadpool, or says why there are none.
+pub fn find(pid: i32, maps: &[Mapping]) -> Result<Probes, String> {
+    let modules = candidates(pid, maps);
+    if modules.is_empty() {
+        return Err("the target's executable is unknown".into());
+    }
+    let mut looked = Vec::new();
+    for module in modules {
+        // The file as the target sees it, even from another mount namespace.
+        let attach_path = PathBuf::from(format!("/proc/{pid}/root{module}"));
+        let found = std::fs::File::open(&attach_path)
+            .and_then(|f| MappedFile::map(&f))
+            .map_err(|e| e.to_string())
+            .and_then(|m| sites(m.bytes()).map_err(|e| e.to_string()));
+        match found {
+            Ok(Some((_, work))) if work.is_empty() => looked.push(format!(
+                "no libuv work function in the symbol table of {module}"
+            )),
+            Ok(Some((submitters, work))) => {
+                return Ok(Probes {
+                    module,
+                    attach_path,
+                    submitters,
+                    work,
+                })
+            }
+            Ok(None) => looked.push(format!("no {SUBMIT} in the symbol table of {module}")),
+            Err(e) => looked.push(format!("{module}: {e}")),
+        }
+    }
+    Err(format!("{} (a stripped build?)", looked.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    /// Builds a program whose local functions carry libuv's names and
+    /// distinct first bytes; `None` when no C compiler is there.
+    fn build(dir: &std::path::Path, with_submit: bool) -> Option<PathBuf> {
+        let mut asm = String::from(".text\n");
+        let mut names: Vec<&str> = vec!["uv__fs_work", "uv__queue_work"];
+        if with_submit {
+            names.push(SUBMIT);
+            names.push(QUEUE_WORK);
+        }
+        for (i, name) in names.iter().enumerate() {
+            asm.push_str(&format!(
+                ".type {name},@function\n{name}:\n.byte 0x0f,0x0b,0x{:02x},0xc3\n.size {name},4\n",
+                0x40 + i
+            ));
+        }
+        let src = dir.join("uv.c");
+        std::fs::write(
+            &src,
+            format!("__asm__({asm:?});\nint main(void) {{ return 0; }}\n"),
+        )
+        .unwrap();
+        let out = dir.join(if with_submit { "uv" } else { "no-submit" });
+        let ok = Command::new("cc")
+            .arg("-o")
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .ok()?
+            .success();
+        ok.then_some(out)
+    }
+
+    #[test]
+    fn finds_local_functions_by_name_at_their_file_offsets() {
+        let dir = std::env::temp_dir().join(format!("threadpool-sites-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let Some(exe) = build(&dir, true) else {
+            eprintln!("no C compiler: skipped");
+            return;
+        };
+        let data = std::fs::read(&exe).unwrap();
+        let (submitters, work) = sites(&data).unwrap().expect("uv__work_submit found");
+        let at = |o: u64| &data[o as usize..o as usize + 3];
+        assert_eq!(submitters.len(), 2);
+        assert_eq!(
+            (submitters[0].function, submitters[0].work_offset),
+            (SUBMIT, 0)
+        );
+        assert_eq!(at(submitters[0].offset), [0x0f, 0x0b, 0x42]);
+        assert_eq!(
+            (submitters[1].function, submitters[1].work_offset),
+            (QUEUE_WORK, WORK_REQ_OFFSET)
+        );
+        assert_eq!(at(submitters[1].offset), [0x0f, 0x0b, 0x43]);
+        let names: Vec<&str> = work.iter().map(|&(n, _)| n).collect();
+        assert_eq!(names, ["uv__fs_work", "uv__queue_work"]);
+        assert_eq!(at(work[0].1), [0x0f, 0x0b, 0x40]);
+        assert_eq!(at(work[1].1), [0x0f, 0x0b, 0x41]);
+        // Stripped, the local symbols are gone.
+        let stripped = dir.join("stripped");
+        let strip = Command::new("strip")
+            .arg("-o")
+            .arg(&stripped)
+            .arg(&exe)
+            .status();
+        if strip.is_ok_and(|s| s.success()) {
+            assert_eq!(sites(&std::fs::read(&stripped).unwrap()).unwrap(), None);
+        }
+        let without = build(&dir, false).unwrap();
+        assert_eq!(sites(&std::fs::read(&without).unwrap()).unwrap(), None);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn finds_the_sites_of_this_process_node_when_there_is_one() {
+        // The test runs without node on some machines; where node is on the
+        // PATH, its executable is what `profile` probes.
+        let Ok(out) = Command::new("node")
+            .arg("-p")
+            .arg("process.execPath")
+            .output()
+        else {
+            return;
+        };
+        let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let Ok(mapped) = std::fs::File::open(&path).and_then(|f| MappedFile::map(&f)) else {
+            return;
+        };
+        if let Some((submitters, work)) = sites(mapped.bytes()).unwrap() {
+            assert!(work.iter().any(|&(n, _)| n == "uv__fs_work"), "{work:?}");
+            assert!(work.iter().any(|&(n, _)| n == "uv__queue_work"), "{work:?}");
+            assert_eq!(submitters.len(), 2, "{submitters:?}");
+            // uv__queue_work finds its request WORK_REQ_OFFSET bytes before
+            // the work item: `lea -0x58(%rdi), ...` or `add $-0x58, %rdi`.
+            let (_, at) = work.iter().find(|&&(n, _)| n == "uv__queue_work").unwrap();
+            let code = &mapped.bytes()[*at as usize..*at as usize + 16];
+            let back = (WORK_REQ_OFFSET as i8).wrapping_neg() as u8;
+            assert!(code.contains(&back), "{code:x?}");
+        }
+    }
+
+    #[test]
+    fn not_elf_is_an_error() {
+        assert!(sites(b"#!/bin/sh\n").is_err());
+    }
+}
