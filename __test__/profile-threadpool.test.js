@@ -1,0 +1,272 @@
+'use strict';
+// `otel-thread-ctx profile` follows libuv threadpool work to the span that
+// queued it (fixtures/threadpool-service.js): an N-API addon's async work
+// (built here with the C compiler against node's headers; it reports which
+// pool thread ran each item and when), crypto.pbkdf2, zlib.gzip and
+// fs.readFile of a FIFO written late, queued from many spans at once, from
+// the main thread and a worker, a cancelled item, and an exit mid-item.
+// Scored from the jsonl output against that truth; pprof is read back with
+// `go tool pprof`. Needs root (BPF); skips with the reason otherwise.
+const test = require('node:test');
+const assert = require('node:assert');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { spawn, spawnSync } = require('node:child_process');
+const { jsonLines, exited } = require('./helpers');
+
+const READER = require('../js/native').readerPath();
+const SERVICE = path.join(__dirname, 'fixtures', 'threadpool-service.js');
+const ADDON_SOURCE = path.join(__dirname, 'fixtures', 'pool-addon.c');
+const POOL_SIZE = 6;
+const HZ = 499;
+
+/** node's headers: beside the running node, else the system's. */
+function nodeHeaders() {
+  const candidates = [path.resolve(process.execPath, '..', '..', 'include', 'node'), '/usr/include/node', '/usr/local/include/node'];
+  return candidates.find((d) => fs.existsSync(path.join(d, 'node_api.h'))) ?? null;
+}
+
+function unavailable() {
+  if (READER === null) return 'the reader is not built (npm install builds it)';
+  if (process.getuid() !== 0) return 'profile loads BPF programs: run the tests as root';
+  const probe = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
+  if (/no kernel sampler/.test(probe.stderr)) return probe.stderr.trim();
+  if (nodeHeaders() === null) return "node's headers (node_api.h) are not installed";
+  if (spawnSync('cc', ['--version']).status !== 0) return 'no C compiler (cc) to build the test addon';
+  return null;
+}
+
+const skip = unavailable();
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-threadpool-'));
+
+function buildAddon() {
+  const out = path.join(tmp, 'pool-addon.node');
+  const r = spawnSync('cc', ['-shared', '-fPIC', '-O2', `-I${nodeHeaders()}`, '-o', out, ADDON_SOURCE], { encoding: 'utf8' });
+  assert.strictEqual(r.status, 0, r.stderr);
+  return out;
+}
+
+async function startService(addon) {
+  const child = spawn(process.execPath, [SERVICE, addon], {
+    cwd: tmp,
+    stdio: ['pipe', 'pipe', 'inherit'],
+    env: { ...process.env, UV_THREADPOOL_SIZE: String(POOL_SIZE) },
+  });
+  const lines = jsonLines(child.stdout, { timeoutMs: 120000 });
+  const { pid } = await lines.next('the service line');
+  return { child, lines, pid };
+}
+
+function profile(pid, args) {
+  const child = spawn(READER, ['profile', '--pid', String(pid), '--duration', '120', ...args], { cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (d) => (stderr += d));
+  child.stdout.resume();
+  const done = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal, stderr })));
+  return { child, done };
+}
+
+/** Gives the profiler time to attach (it reports only at the end); items
+ * queued before it attached are simply not sampled. */
+async function attached(ms = 3000) {
+  await new Promise((r) => setTimeout(r, ms));
+}
+
+/** The service's item lines until {done}. */
+async function itemsUntilDone(lines) {
+  const items = [];
+  for (;;) {
+    const line = await lines.next('an item line');
+    if (line.type === 'done') return items;
+    items.push(line);
+  }
+}
+
+const readJsonl = (file) =>
+  fs
+    .readFileSync(file, 'utf8')
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l));
+
+/** Tallies samples against the span they should carry (null: none). */
+function tally() {
+  const t = { right: 0, wrong: 0, missing: 0, wrongExamples: [] };
+  t.add = (sample, expected) => {
+    const got = sample.valid ? sample.span_id : null;
+    if (got === expected || (expected instanceof Set && expected.has(got))) t.right++;
+    else if (got === null) t.missing++;
+    else {
+      t.wrong++;
+      if (t.wrongExamples.length < 5) t.wrongExamples.push({ sample, expected: expected instanceof Set ? [...expected] : expected });
+    }
+  };
+  t.total = () => t.right + t.wrong + t.missing;
+  return t;
+}
+
+function assertAccurate(name, t, minimum, diagnostic) {
+  const total = t.total();
+  diagnostic(`${name}: ${t.right}/${total} pool samples inside items carry the queuing span, ${t.wrong} a wrong one, ${t.missing} none`);
+  assert.ok(total >= minimum, `${name}: only ${total} pool samples inside items (expected at least ${minimum})`);
+  assert.ok(t.right / total >= 0.99, `${name}: ${t.right}/${total} pool samples carry the queuing span (missing ${t.missing}, wrong ${t.wrong})`);
+  assert.ok(t.wrong / total <= 0.005, `${name}: ${t.wrong}/${total} pool samples carry a wrong span: ${JSON.stringify(t.wrongExamples)}`);
+}
+
+test('threadpool work carries the span that queued it', { skip: skip ?? false, timeout: 240000 }, async (t) => {
+  const addon = buildAddon();
+  const service = await startService(addon);
+  t.after(() => service.child.kill('SIGKILL'));
+  const out = path.join(tmp, 'pool.jsonl');
+  const run = profile(service.pid, ['--hz', String(HZ), '--off-cpu', '--format', 'jsonl', '-o', out]);
+  await attached();
+  service.child.stdin.write('go\n');
+  const items = await itemsUntilDone(service.lines);
+  run.child.kill('SIGINT');
+  const { code, stderr } = await run.done;
+  assert.strictEqual(code, 0, stderr);
+  assert.match(stderr, /threadpool: work queued through libuv's pool follows its span/);
+  const samples = readJsonl(out);
+  const addonItems = items.filter((i) => i.type === 'item');
+  assert.ok(addonItems.length >= 8 * 6 + 4 * 6 + 2, `addon items: ${addonItems.length}`);
+  assert.ok(addonItems.every((i) => i.status === 'ok'), JSON.stringify(addonItems.filter((i) => i.status !== 'ok')));
+  // The pool threads: every one ran addon items (72 items on 6 threads).
+  const poolTids = new Set(addonItems.map((i) => i.tid));
+  assert.ok(poolTids.size >= 2 && poolTids.size <= POOL_SIZE, `pool threads: ${[...poolTids]}`);
+  const poolSamples = samples.filter((s) => poolTids.has(s.tid));
+  const marked = samples.filter((s) => s.threadpool);
+  assert.ok(
+    marked.every((s) => poolTids.has(s.tid)),
+    `threadpool samples off the pool threads: ${JSON.stringify(marked.filter((s) => !poolTids.has(s.tid)).slice(0, 3))}`,
+  );
+
+  // Addon items: exact truth (pool thread, start, end) per item, queued
+  // from the main thread and a worker, finishing out of order.
+  const exact = tally();
+  const unattributed = tally();
+  for (const item of addonItems) {
+    for (const s of poolSamples) {
+      if (s.tid !== item.tid || s.t_ns < item.start || s.t_ns > item.end) continue;
+      if (item.spanId === null) unattributed.add(s, null);
+      else exact.add(s, item.spanId);
+    }
+  }
+  assertAccurate('addon items', exact, 100, (m) => t.diagnostic(m));
+  const fromWorker = addonItems.filter((i) => i.source === 'worker').map((i) => i.spanId);
+  assert.ok(
+    poolSamples.some((s) => fromWorker.includes(s.span_id)),
+    'no pool sample carries a span of work queued from the worker thread',
+  );
+  // The cancelled item never ran; its request, queued again outside any
+  // span, ran without one, then in a new span with that span.
+  const cancelled = items.find((i) => i.type === 'cancelled');
+  assert.strictEqual(cancelled.status, 'cancelled');
+  assert.ok(unattributed.total() >= 3, `samples of the item queued outside a span: ${unattributed.total()}`);
+  assert.strictEqual(unattributed.wrong, 0, JSON.stringify(unattributed.wrongExamples));
+  assert.ok(!poolSamples.some((s) => s.span_id === cancelled.spanId), 'a pool sample carries the cancelled span');
+
+  // pbkdf2 and gzip (on CPU) and the FIFO reads (off CPU): the span must
+  // be one whose item was in flight at the sample's time. On CPU in futex
+  // is the pool's own queue lock and wait between items, not the work.
+  const working = (s) => s.kind === 'cpu' && s.syscall !== 'futex';
+  for (const [kind, minimum, pick] of [
+    ['pbkdf2', 30, working],
+    ['gzip', 10, working],
+    ['fifo', 4, (s) => s.kind === 'off_cpu' && ['read', 'openat', 'open'].includes(s.syscall)],
+  ]) {
+    const flights = items.filter((i) => i.type === 'in-flight' && i.kind === kind);
+    assert.ok(flights.length >= 4, `${kind}: ${flights.length} calls`);
+    const from = Math.min(...flights.map((f) => f.queued));
+    const to = Math.max(...flights.map((f) => f.finished));
+    const score = tally();
+    for (const s of poolSamples) {
+      if (!pick(s) || s.t_ns < from || s.t_ns > to) continue;
+      score.add(s, new Set(flights.filter((f) => f.queued <= s.t_ns && s.t_ns <= f.finished).map((f) => f.spanId)));
+    }
+    assertAccurate(kind, score, minimum, (m) => t.diagnostic(m));
+  }
+
+  // Between items a pool thread waits for work (futex): no span. (Inside
+  // pbkdf2 a pool thread may wait on OpenSSL's locks: those phases are
+  // left out.)
+  const phases = items
+    .filter((i) => i.type === 'in-flight')
+    .map((i) => [i.queued, i.finished]);
+  const inItem = (s) =>
+    phases.some(([a, b]) => a <= s.t_ns && s.t_ns <= b) ||
+    addonItems.some((i) => i.tid === s.tid && i.start <= s.t_ns && s.t_ns <= i.end);
+  const idle = poolSamples.filter((s) => s.kind === 'off_cpu' && s.syscall === 'futex' && !inItem(s));
+  assert.ok(idle.length >= 10, `pool-thread waits for work: ${idle.length}`);
+  const idleWithSpan = idle.filter((s) => s.valid);
+  assert.strictEqual(idleWithSpan.length, 0, JSON.stringify(idleWithSpan.slice(0, 3)));
+  t.diagnostic(`between items: ${idle.length} pool-thread waits for work, ${idleWithSpan.length} with a span`);
+  const summary = stderr.match(/threadpool: (\d+) work items queued in a span, (\d+) begun on a pool thread with it; (\d+) samples/);
+  assert.ok(summary, stderr);
+  assert.strictEqual(Number(summary[3]), marked.length);
+});
+
+test('pprof and folded outputs mark pool samples; --no-threadpool turns it off', { skip: skip ?? false, timeout: 240000 }, async (t) => {
+  const addon = buildAddon();
+  const service = await startService(addon);
+  t.after(() => service.child.kill('SIGKILL'));
+  const pprof = path.join(tmp, 'pool.pb.gz');
+  const folded = path.join(tmp, 'pool.folded');
+  const off = path.join(tmp, 'off.jsonl');
+  const runs = [
+    profile(service.pid, ['--hz', String(HZ), '-o', pprof]),
+    profile(service.pid, ['--hz', String(HZ), '--format', 'folded', '-o', folded]),
+    profile(service.pid, ['--hz', String(HZ), '--format', 'jsonl', '--no-threadpool', '-o', off]),
+  ];
+  await attached();
+  service.child.stdin.write('go pbkdf2\n');
+  const flights = (await itemsUntilDone(service.lines)).filter((i) => i.kind === 'pbkdf2');
+  const spans = new Set(flights.map((f) => f.spanId));
+  for (const r of runs) r.child.kill('SIGINT');
+  const [p, f, o] = await Promise.all(runs.map((r) => r.done));
+  for (const r of [p, f, o]) assert.strictEqual(r.code, 0, r.stderr);
+
+  // --no-threadpool: no sample marked, and the summary says so.
+  assert.match(o.stderr, /threadpool: not attributed \(--no-threadpool\)/);
+  assert.ok(!readJsonl(off).some((s) => s.threadpool), 'a sample is marked threadpool with --no-threadpool');
+
+  // Folded: pool CPU under its span, marked [threadpool].
+  const lines = fs.readFileSync(folded, 'utf8').split('\n').filter(Boolean);
+  const pool = lines.filter((l) => l.split(';')[2] === '[threadpool]');
+  assert.ok(pool.length > 0, lines.slice(0, 5).join('\n'));
+  const spanOf = (l) => l.split(';')[1].match(/^span ([0-9a-f]{16})/)?.[1];
+  assert.ok(pool.every((l) => spans.has(spanOf(l))), pool.filter((l) => !spans.has(spanOf(l))).join('\n'));
+  // Per-trace files hold the pool thread's CPU.
+  const traceFile = path.join(tmp, `pool.${flights[0].traceId}.folded`);
+  const traceLines = fs.readFileSync(traceFile, 'utf8').split('\n').filter(Boolean);
+  assert.ok(
+    traceLines.some((l) => l.startsWith(`span ${flights[0].spanId} http.route=/pbkdf2;[threadpool];`)),
+    traceLines.slice(0, 5).join('\n'),
+  );
+
+  // pprof, read by go tool pprof: thread.pool labels on the pool samples, with the queuing span.
+  const go = ['go', '/usr/local/go/bin/go'].find((g) => spawnSync(g, ['version']).status === 0);
+  if (!go) return t.diagnostic('go is not installed: pprof not read back');
+  const raw = spawnSync(go, ['tool', 'pprof', '-raw', pprof], { encoding: 'utf8', maxBuffer: 1 << 28 });
+  assert.strictEqual(raw.status, 0, raw.stderr);
+  const labelled = raw.stdout.split('\n').filter((l) => l.includes('thread.pool:[true]'));
+  assert.ok(labelled.length > 0, raw.stdout.slice(0, 3000));
+  for (const l of labelled) assert.ok(spans.has(l.match(/span_id:\[([0-9a-f]+)\]/)?.[1]), l);
+});
+
+test('a process that exits mid-item ends the profile cleanly', { skip: skip ?? false, timeout: 120000 }, async (t) => {
+  const service = await startService(buildAddon());
+  t.after(() => service.child.kill('SIGKILL'));
+  const out = path.join(tmp, 'exit.jsonl');
+  const run = profile(service.pid, ['--off-cpu', '--format', 'jsonl', '-o', out]);
+  await attached();
+  service.child.stdin.write('exit\n');
+  await exited(service.child, 30000);
+  const { code, stderr } = await run.done;
+  assert.strictEqual(code, 0, stderr);
+  assert.match(stderr, new RegExp(`pid ${service.pid} exited`));
+  const pool = readJsonl(out).filter((s) => s.threadpool);
+  assert.ok(pool.length > 0, 'no pool sample of the item running at exit');
+  const spanIds = new Set(pool.map((s) => s.span_id));
+  assert.strictEqual(spanIds.size, 1, `pool samples carry several spans: ${[...spanIds]}`);
+});
