@@ -183,6 +183,36 @@ mod tests {
     }
 
     #[test]
+    fn pool_thread_work_is_marked_under_its_span() {
+        use crate::profile::kernel::Kind;
+        use crate::profile::model::tests::{names, record, sample};
+        let mut pooled = sample(Kind::OnCpu, 5, record(7, &[0, 2, b'/', b'a']), &[0x10], 0);
+        pooled.threadpool = true;
+        let base = Profile {
+            hz: 100,
+            period_ns: 10_000_000,
+            ..Default::default()
+        };
+        let p = crate::profile::model::build(
+            base,
+            &[pooled],
+            &names(),
+            &["http.route".into()],
+            &Default::default(),
+        );
+        assert!(p.entries[0].threadpool);
+        assert_eq!(
+            folded(&p),
+            ["t5 (5);span 0707070707070707 http.route=/a;[threadpool];leaf;schedule_[k] 10000"]
+        );
+        let traces = per_trace(&p, 10);
+        assert_eq!(
+            traces[0].lines,
+            ["span 0707070707070707 http.route=/a;[threadpool];leaf;schedule_[k] 10000"]
+        );
+    }
+
+    #[test]
     fn one_graph_per_trace_titled_with_its_route() {
         let p = crate::profile::model::tests::profile();
         let traces = per_trace(&p, 10);

@@ -82,6 +82,14 @@ mod tests {
         assert_eq!(v["attributes"]["http.route"], "/a");
         assert!(v.get("off_cpu_ns").is_none());
         assert!(v.get("syscall").is_none());
+        assert_eq!(v["threadpool"], false);
+        let mut pooled = on.clone();
+        pooled.threadpool = true;
+        let v: Value = serde_json::from_str(&line(&pooled, &[], &Names::default())).unwrap();
+        assert_eq!(
+            (v["threadpool"].as_bool(), v["valid"].as_bool()),
+            (Some(true), Some(true))
+        );
         let off = sample(Kind::OffCpu, 3, RecordRead::Null, &[], 42);
         let mut names = Names::default();
         let frame = |name: &str| crate::profile::symbolize::Frame {

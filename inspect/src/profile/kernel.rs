@@ -689,7 +689,7 @@ mod tests {
     #[test]
     fn layout_matches_the_c_struct() {
         // struct sample: 56 bytes of fields, the 640-byte record, the
-        // schema and a reserved word, two stacks, the copy's id.
+        // schema and the flags, two stacks, the copy's id.
         assert_eq!(SAMPLE_SIZE, 56 + 640 + 8 + 2 * 8 * 127 + 8);
         assert_eq!(SAMPLE_SIZE % 8, 0);
     }
@@ -714,6 +714,19 @@ mod tests {
         let (h, a) = s.record.valid().unwrap();
         assert_eq!(h.span_id.to_string(), "1112131415161718");
         assert_eq!(a, attrs);
+        assert!(!s.threadpool);
+    }
+
+    #[test]
+    fn the_threadpool_flag_marks_a_queued_span() {
+        let mut b = sample_bytes(0, 0, &record(1, &[]), &[], &[]);
+        b[layout::FLAGS..][..4].copy_from_slice(&FLAG_THREADPOOL.to_ne_bytes());
+        let s = decode(&b).unwrap();
+        assert!(s.threadpool);
+        assert!(s.record.valid().is_some());
+        // Other bits are not the threadpool's.
+        b[layout::FLAGS..][..4].copy_from_slice(&2u32.to_ne_bytes());
+        assert!(!decode(&b).unwrap().threadpool);
     }
 
     #[test]

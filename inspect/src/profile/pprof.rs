@@ -269,6 +269,7 @@ mod tests {
         assert_eq!(labels["thread.name"], "main");
         assert_eq!(labels["http.route"], "/a");
         assert_eq!(labels["state"], "running");
+        assert!(!labels.contains_key("thread.pool"));
         assert!(first
             .label
             .iter()
@@ -280,5 +281,24 @@ mod tests {
         let off: i64 = d.sample.iter().map(|x| x.value[2]).sum();
         assert_eq!(off, 14_000);
         assert_eq!(s(d.comment[0]), "no perf map");
+    }
+
+    #[test]
+    fn pool_thread_samples_carry_the_thread_pool_label() {
+        let mut p = crate::profile::model::tests::profile();
+        p.entries[0].threadpool = true;
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&write(&p, &[])[..])
+            .read_to_end(&mut raw)
+            .unwrap();
+        let d = proto::Profile::decode(&raw[..]).unwrap();
+        let s = |i: i64| d.string_table[i as usize].as_str();
+        let pool = |x: &proto::Sample| {
+            x.label
+                .iter()
+                .any(|l| s(l.key) == "thread.pool" && s(l.str) == "true")
+        };
+        assert!(pool(&d.sample[0]));
+        assert!(!d.sample[1..].iter().any(pool));
     }
 }
