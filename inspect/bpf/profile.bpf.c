@@ -392,13 +392,20 @@ static __always_inline __u32 read_span(const struct target *t, struct task_struc
 // work, done) on the submitting (JS) thread (node's build inlines it into
 // uv_queue_work, probed as well); a pool thread later calls work(w). The
 // submit probe copies the submitter's span (read as a sample reads it) into pool_items under {tgid, w}; the entry probe of the work
-// functions moves it to the pool thread's own storage, and their return
-// probe clears it. A sample of a pool thread without a span of its own
-// then carries the queued span, marked SAMPLE_THREADPOOL.
+// functions moves it to the pool thread's own storage. A sample of a pool
+// thread without a span of its own, taken inside the item, then carries the
+// queued span, marked SAMPLE_THREADPOOL.
 //
 // Never a wrong span: a submit without a span deletes any entry left under
 // the same address (a cancelled item's, since libuv reuses requests); an
-// item whose entry was evicted runs without a span. pool_items is an LRU
+// item whose entry was evicted runs without a span.
+//
+// The end of an item needs no probe of its own (a return probe would cost
+// a third trap per item): a sample checks that the pool thread is still
+// inside the work function, its stack pointer at or below the one at the
+// entry and the return address there unchanged. Once the function returns,
+// libuv's worker loop calls its lock and condition-variable functions from
+// the same frame, which overwrites that slot. pool_items is an LRU
 // table, so items that never run (cancelled) cannot fill it for good; the
 // per-thread state lives in task storage, freed with the thread (a process
 // that exits mid-item leaves nothing behind).
@@ -413,6 +420,10 @@ struct queued_span {
 	__u64 work;               // the key's address again, checked after a copy
 	__u32 schema;             // enum schema of the record
 	__u32 state;              // running_state (pool thread storage only)
+	// Pool thread storage only: the stack pointer at the work function's
+	// entry, and the return address it points at (into libuv's worker).
+	__u64 entry_sp;
+	__u64 return_address;
 	__u8 record[ABI_RECORD_SIZE];
 };
 
@@ -437,14 +448,26 @@ struct {
 
 enum running_state { IDLE = 0, WRITING = 1, RUNNING_WITH_SPAN = 2 };
 
-// Copies a pool thread's queued span into its sample. The storage is only
-// written by the thread itself (in its probes), and samples of a thread
-// are taken on that thread (a perf-event interrupt) or at its switch-out:
-// a sample that interrupts a probe mid-write sees WRITING, and drops it.
+struct pt_regs___pool {
+	unsigned long sp;
+} __attribute__((preserve_access_index));
+
+// Copies a pool thread's queued span into its sample while the thread is
+// inside the work item. The storage is only written by the thread itself
+// (in its probe), and samples of a thread are taken on that thread (a
+// perf-event interrupt) or at its switch-out (its memory still current):
+// a sample that interrupts the probe mid-write sees WRITING, and drops it.
 static __always_inline void take_pool_span(struct task_struct *pool_task, struct sample *s)
 {
 	struct queued_span *q = bpf_task_storage_get(&thread_span, pool_task, 0, 0);
 	if (!q || q->state != RUNNING_WITH_SPAN)
+		return;
+	struct pt_regs___pool *regs = (void *)bpf_task_pt_regs(pool_task);
+	if (!regs)
+		return;
+	__u64 sp = BPF_CORE_READ(regs, sp), slot = 0;
+	if (sp > q->entry_sp || bpf_probe_read_user(&slot, sizeof(slot), (void *)q->entry_sp) ||
+	    slot != q->return_address)
 		return;
 	if (bpf_probe_read_kernel(s->record, sizeof(s->record), q->record))
 		return;
@@ -676,6 +699,7 @@ struct pt_regs___args {
 	unsigned long di;
 	unsigned long si;
 	unsigned long dx;
+	unsigned long sp;
 } __attribute__((preserve_access_index));
 
 // On the submitting thread, before the item is queued (so before any pool
@@ -743,6 +767,10 @@ int pool_work_enter(struct pt_regs___args *regs)
 		goto idle;
 	mine->schema = item->schema;
 	mine->work = item->work;
+	mine->entry_sp = regs->sp;
+	if (bpf_probe_read_user(&mine->return_address, sizeof(mine->return_address),
+				(void *)mine->entry_sp))
+		goto idle;
 	bpf_map_delete_elem(&pool_items, &key);
 	// An entry recycled under us (another key's) is not this item's.
 	if (mine->work != key.work)
@@ -754,19 +782,8 @@ int pool_work_enter(struct pt_regs___args *regs)
 idle:
 	asm volatile("" ::: "memory");
 	mine->state = IDLE;
-	return 0;
-}
-
-// Return of a work function: the pool thread is between items again.
-SEC("uretprobe")
-int pool_work_exit(void *ctx)
-{
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (!bpf_map_lookup_elem(&targets, &tgid))
-		return 0;
-	struct queued_span *mine = bpf_task_storage_get(&thread_span, bpf_get_current_task_btf(), 0, 0);
-	if (mine)
-		mine->state = IDLE;
+	if (item)
+		bpf_map_delete_elem(&pool_items, &key);
 	return 0;
 }
 

@@ -540,8 +540,8 @@ mod loaded {
         }
 
         /// Follows process `tgid`'s threadpool work to the span that queued
-        /// it: attaches the submit probes and the entry and return probes of
-        /// every work function, for that process only (the kernel places the
+        /// it: attaches the submit probes and the entry probe of every work
+        /// function, for that process only (the kernel places the
         /// breakpoints in its memory alone). They stay until `self` drops.
         pub fn attach_threadpool(&mut self, tgid: u32, probes: &Probes) -> Result<(), AttachError> {
             attach_threadpool(&mut self.ebpf, probes, tgid)
@@ -607,7 +607,6 @@ mod loaded {
             .collect();
         for &(name, offset) in &probes.work {
             sites.push(("pool_work_enter", offset, None, name));
-            sites.push(("pool_work_exit", offset, None, name));
         }
         for (program, offset, cookie, function) in sites {
             let prog: &mut UProbe = ebpf
