@@ -13,6 +13,9 @@
 //                           deflates a large document
 //   GET /api/reports/:id    offloaded to the worker pool: the worker's
 //                           span continues the request's trace
+//   GET /api/login          main thread queues a password hash
+//                           (crypto.pbkdf2) on libuv's threadpool: the
+//                           pool thread's CPU belongs to the request's span
 //
 // Started by demo/run.js with an IPC channel: it sends {type: 'listening'}
 // once ready, answers {type: 'report'} with the spans it recorded (ids,
@@ -182,6 +185,13 @@ if (!isMainThread) {
       }
       const packed = zlib.deflateSync(JSON.stringify(rows));
       return { bytes: packed.length };
+    }],
+    [/^\/api\/login$/, '/api/login', async () => {
+      await dbQuery('users', 1);
+      const hash = await new Promise((resolve, reject) =>
+        crypto.pbkdf2('password', 'per-user-salt', 60000, 32, 'sha256', (err, key) => (err ? reject(err) : resolve(key))),
+      );
+      return { ok: hash.length === 32 };
     }],
     [/^\/api\/reports\/(\d+)$/, '/api/reports/:id', async (m) => {
       await null;

@@ -6,10 +6,12 @@ const http = require('node:http');
 
 const CONNECTIONS = 8;
 const MAX_REQUESTS = 50000;
-// Each connection cycles through this list: one export (the outlier) per 16 requests.
+// Each connection cycles through this list: one export (the outlier) and
+// one login (a password hash on libuv's threadpool) per 17 requests.
 const PATHS = [
   ...Array.from({ length: 3 }, (_, i) => [`/api/products/${17 + i}`, '/api/search', `/api/reports/${i}`, '/api/checkout', `/api/products/${40 + i}`]).flat(),
   '/api/export',
+  '/api/login',
 ];
 
 /** What the load does, in one line. */
