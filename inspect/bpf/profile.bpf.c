@@ -755,9 +755,21 @@ int pool_work_enter(struct pt_regs___args *regs)
 			bpf_map_delete_elem(&pool_items, &key);
 		return 0;
 	}
+	if (!item) {
+		// A work function called inside the running item (a synchronous
+		// uv_fs_* call runs uv__fs_work in place, as node's fs.readFile
+		// does in its pool item) leaves the item's span: the stack is
+		// below the item's entry, whose return address is still there. A
+		// new item from libuv's worker starts at the entry's own depth.
+		__u64 slot = 0;
+		if (mine->state == RUNNING_WITH_SPAN && regs->sp < mine->entry_sp &&
+		    !bpf_probe_read_user(&slot, sizeof(slot), (void *)mine->entry_sp) &&
+		    slot == mine->return_address)
+			return 0;
+		mine->state = IDLE;
+		return 0;
+	}
 	mine->state = WRITING;
-	if (!item)
-		goto idle;
 	// ORDER: WRITING is visible before the copy starts and RUNNING_WITH_SPAN
 	// only after it ends, for a sample that interrupts this thread; the
 	// barriers keep the compiler from moving the stores (the reader is on
