@@ -189,7 +189,7 @@ if (!isMainThread) {
     [/^\/api\/login$/, '/api/login', async () => {
       await dbQuery('users', 1);
       const hash = await new Promise((resolve, reject) =>
-        crypto.pbkdf2('password', 'per-user-salt', 60000, 32, 'sha256', (err, key) => (err ? reject(err) : resolve(key))),
+        crypto.pbkdf2('password', 'per-user-salt', 250000, 32, 'sha256', (err, key) => (err ? reject(err) : resolve(key))),
       );
       return { ok: hash.length === 32 };
     }],
