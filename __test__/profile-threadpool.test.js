@@ -13,7 +13,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { jsonLines, exited } = require('./helpers');
+const { jsonLines, exited, profileUnavailable } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'threadpool-service.js');
@@ -28,10 +28,8 @@ function nodeHeaders() {
 }
 
 function unavailable() {
-  if (READER === null) return 'the reader is not built (npm install builds it)';
-  if (process.getuid() !== 0) return 'profile loads BPF programs: run the tests as root';
-  const probe = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
-  if (/no kernel sampler/.test(probe.stderr)) return probe.stderr.trim();
+  const profile = profileUnavailable(READER);
+  if (profile !== null) return profile;
   if (nodeHeaders() === null) return "node's headers (node_api.h) are not installed";
   if (spawnSync('cc', ['--version']).status !== 0) return 'no C compiler (cc) to build the test addon';
   return null;
@@ -69,7 +67,7 @@ function profile(pid, args) {
 
 /** Gives the profiler time to attach (it reports only at the end); items
  * queued before it attached are simply not sampled. */
-async function attached(ms = 3000) {
+async function attached(ms = 4000) {
   await new Promise((r) => setTimeout(r, ms));
 }
 
