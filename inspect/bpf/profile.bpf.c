@@ -391,24 +391,25 @@ static __always_inline __u32 read_span(const struct target *t, struct task_struc
 // libuv queues every threadpool item through uv__work_submit(loop, w, kind,
 // work, done) on the submitting (JS) thread (node's build inlines it into
 // uv_queue_work, probed as well); a pool thread later calls work(w). The
-// submit probe copies the submitter's span (read as a sample reads it) into pool_items under {tgid, w}; the entry probe of the work
-// functions moves it to the pool thread's own storage. A sample of a pool
-// thread without a span of its own, taken inside the item, then carries the
-// queued span, marked SAMPLE_THREADPOOL.
+// submit probe copies the submitter's span (read as a sample reads it) into
+// pool_items under {tgid, w}; the entry probe of the work functions moves it
+// to the pool thread's own storage. A sample of a pool thread without a span
+// of its own, taken inside the item, then carries the queued span, marked
+// SAMPLE_THREADPOOL.
 //
 // Never a wrong span: a submit without a span deletes any entry left under
 // the same address (a cancelled item's, since libuv reuses requests); an
-// item whose entry was evicted runs without a span.
+// item whose entry was evicted runs without a span. pool_items is an LRU
+// table, so items that never run (cancelled) cannot fill it for good; the
+// per-thread state lives in task storage, freed with the thread (a process
+// that exits mid-item leaves nothing behind).
 //
 // The end of an item needs no probe of its own (a return probe would cost
 // a third trap per item): a sample checks that the pool thread is still
 // inside the work function, its stack pointer at or below the one at the
 // entry and the return address there unchanged. Once the function returns,
 // libuv's worker loop calls its lock and condition-variable functions from
-// the same frame, which overwrites that slot. pool_items is an LRU
-// table, so items that never run (cancelled) cannot fill it for good; the
-// per-thread state lives in task storage, freed with the thread (a process
-// that exits mid-item leaves nothing behind).
+// the same frame, which overwrites that slot.
 
 struct pool_item_key {
 	__u32 tgid;
@@ -428,7 +429,6 @@ struct queued_span {
 };
 
 // Work items queued in a span, until a pool thread picks them up.
-// Userspace may size it with max_entries.
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
