@@ -13,7 +13,14 @@ const otelCtx = require('./fixtures/otel-ctx-reader');
 const ROUTE = 'http.route';
 const METHOD = 'http.request.method';
 const LONG_KEYS = ['x.long.a', 'x.long.b', 'x.long.c', 'x.long.d'];
-const manager = new ProfilingContextManager({ attributes: [ROUTE, METHOD, 'x.text', ...LONG_KEYS] });
+// The span's own attributes only: the span name, local root id and endpoint
+// attributes published by default are tested in local-root.test.js.
+const manager = new ProfilingContextManager({
+  attributes: [ROUTE, METHOD, 'x.text', ...LONG_KEYS],
+  localRootAttributes: [],
+  spanName: false,
+  localRootSpanId: false,
+});
 context.setGlobalContextManager(manager.enable());
 const tracer = new BasicTracerProvider().getTracer('attributes-test');
 

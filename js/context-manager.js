@@ -18,7 +18,7 @@ const { AsyncLocalStorageContextManager } = require('@opentelemetry/context-asyn
 const binding = require('./binding');
 const recordMode = require('./publish/record');
 const frameMode = require('./publish/frame');
-const { AttributeSchema, validateKeys } = require('./span-attributes');
+const { schemaFromOptions } = require('./span-attributes');
 
 const { NO_SPAN, publishContext, republish } = recordMode;
 const MODES = ['record', 'frame'];
@@ -159,16 +159,21 @@ function publishingMode() {
 
 class ProfilingContextManager extends AsyncLocalStorageContextManager {
   /**
-   * @param {{ attributes?: string[], mode?: 'record' | 'frame' }} [options]
+   * @param {{ attributes?: string[], localRootAttributes?: string[], spanName?: boolean,
+   *   localRootSpanId?: boolean, mode?: 'record' | 'frame' }} [options]
    *   `attributes`: span attribute keys to publish in the record (e.g.
-   *   'http.route') when present. `mode`: how to publish (default: frame
-   *   where it verifies, else record; OTEL_THREAD_CTX_MODE when omitted).
+   *   'db.system') when present. `localRootAttributes` (default
+   *   ['http.route']): attributes of the local root span that every span
+   *   under it publishes. `spanName`, `localRootSpanId` (default true): publish
+   *   the span's name and its local root span's id. `mode`: how to publish
+   *   (default: frame where it verifies, else record; OTEL_THREAD_CTX_MODE
+   *   when omitted).
    */
   constructor(options = {}) {
     if (options === null || typeof options !== 'object') {
       throw new TypeError('The "options" argument must be an object');
     }
-    const keys = validateKeys(options.attributes);
+    const schema = schemaFromOptions(options);
     const requested = requestedMode(options.mode);
     super();
     const { mode, reason } = chooseMode(requested, this._asyncLocalStorage);
@@ -180,7 +185,7 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     this._enabled = false;
     /** The top of the stack: the manager whose contexts are published. */
     this._publishing = false;
-    this._attributeSchema = keys.length === 0 ? null : new AttributeSchema(keys);
+    this._attributeSchema = schema;
   }
 
   enable() {

@@ -9,6 +9,7 @@
 
 const { diag } = require('@opentelemetry/api');
 const binding = require('./binding');
+const { spanStarted } = require('./local-root');
 const { spanEnded } = require('./context-manager');
 
 /** Deepest nesting the native side accepts (src/process_context/js.rs). */
@@ -149,7 +150,10 @@ class ProcessContextSpanProcessor {
     this._explicit = true;
   }
 
-  onStart(span) {
+  onStart(span, parentContext) {
+    // The span's local root, from the context it starts in (exact, where
+    // the manager would otherwise guess it from the active span).
+    spanStarted(span, parentContext);
     // Resources, their getters and detectors are third-party code: whatever
     // they throw is reported, never thrown into the SDK.
     try {

@@ -10,6 +10,7 @@
 const { diag } = require('@opentelemetry/api');
 const abi = require('./abi');
 const binding = require('./binding');
+const { localRootOf, attributeText } = require('./local-root');
 
 /** Longest value an entry can carry (its length is one byte). */
 const MAX_VALUE_BYTES = abi.attrs.maxValueBytes;
@@ -28,52 +29,97 @@ function truncatedUtf8(text, max) {
   return bytes.subarray(0, end);
 }
 
-/** A value as published text, or undefined when it is not publishable. */
-function attributeText(value) {
-  switch (typeof value) {
-    case 'string':
-      return value;
-    case 'number':
-    case 'boolean':
-    case 'bigint':
-      return String(value);
-    default:
-      return undefined; // arrays and objects are not published
-  }
-}
 
 /** Validates the `attributes` option of ProfilingContextManager. */
-function validateKeys(keys) {
+function validateKeys(keys, option = 'attributes') {
   if (keys === undefined) return [];
   if (!Array.isArray(keys)) {
-    throw new TypeError('The "attributes" option must be an array of strings');
+    throw new TypeError(`The "${option}" option must be an array of strings`);
   }
   const seen = new Set();
   for (const key of keys) {
-    if (typeof key !== 'string') throw new TypeError('The "attributes" option must be an array of strings');
-    if (key === '') throw new RangeError('The "attributes" option must not contain an empty key');
-    if (seen.has(key)) throw new RangeError(`The "attributes" option lists "${key}" twice`);
+    if (typeof key !== 'string') throw new TypeError(`The "${option}" option must be an array of strings`);
+    if (key === '') throw new RangeError(`The "${option}" option must not contain an empty key`);
+    if (seen.has(key)) throw new RangeError(`The "${option}" option lists "${key}" twice`);
     seen.add(key);
   }
   if (keys.length > MAX_KEYS) {
-    throw new RangeError(`The "attributes" option allows at most ${MAX_KEYS} keys`);
+    throw new RangeError(`The "${option}" option allows at most ${MAX_KEYS} keys`);
   }
   return [...keys];
 }
 
+/** The key of the span's name in the key map. */
+const SPAN_NAME_KEY = 'span.name';
+/** The key of the local root span's id (16 lowercase hex digits). */
+const LOCAL_ROOT_SPAN_ID_KEY = 'local_root.span_id';
+/** The local root's attributes every span of its tree publishes, by default. */
+const DEFAULT_LOCAL_ROOT_ATTRIBUTES = Object.freeze(['http.route']);
+
 /** The encoded attributes of one span, as RecordEntry carries them. */
 class EncodedAttributes {
-  constructor(spanAttributes, seen, bytes) {
+  constructor(spanAttributes, seen, bytes, span, name, root) {
     this.spanAttributes = spanAttributes;
     this.seen = seen;
     this.bytes = bytes;
+    /** The span and the name it had when encoded (undefined: names not published). */
+    this.span = span;
+    this.name = name;
+    /** The span's LocalRoot (null: none published) and its version when encoded. */
+    this.root = root;
+    this.rootVersion = root === null ? 0 : root.version;
   }
 }
 
+/** Validates a boolean option (undefined: `fallback`). */
+function booleanOption(value, name, fallback) {
+  if (value === undefined) return fallback;
+  if (typeof value !== 'boolean') throw new TypeError(`The "${name}" option must be a boolean`);
+  return value;
+}
+
+/**
+ * What a manager publishes in attrs_data, from its options: the span's own
+ * `attributes`, its name (`spanName`, default on), its local root span's
+ * id (`localRootSpanId`, default on) and the local root's
+ * `localRootAttributes` (default `['http.route']`). Null when nothing.
+ */
+function schemaFromOptions(options) {
+  const own = validateKeys(options.attributes);
+  const endpoint =
+    options.localRootAttributes === undefined ? [...DEFAULT_LOCAL_ROOT_ATTRIBUTES] : validateKeys(options.localRootAttributes, 'localRootAttributes');
+  const spanName = booleanOption(options.spanName, 'spanName', true);
+  const localRootSpanId = booleanOption(options.localRootSpanId, 'localRootSpanId', true);
+  const keys = [];
+  if (localRootSpanId) keys.push(LOCAL_ROOT_SPAN_ID_KEY);
+  keys.push(...endpoint);
+  if (spanName && !keys.includes(SPAN_NAME_KEY)) keys.push(SPAN_NAME_KEY);
+  const ownOnly = own.filter((key) => !keys.includes(key));
+  keys.push(...ownOnly);
+  if (keys.length > MAX_KEYS) throw new RangeError(`The manager publishes at most ${MAX_KEYS} attribute keys`);
+  if (keys.length === 0) return null;
+  return new AttributeSchema(keys, { own: ownOnly, endpoint, spanName, localRootSpanId });
+}
+
 class AttributeSchema {
-  /** @param {string[]} keys validated with validateKeys */
-  constructor(keys) {
+  /**
+   * @param {string[]} keys every key published, in encoding order
+   * @param {{ own: string[], endpoint: string[], spanName: boolean, localRootSpanId: boolean }} [roles]
+   *   which keys are the span's own attributes (all of them when omitted)
+   */
+  constructor(keys, roles = { own: keys, endpoint: [], spanName: false, localRootSpanId: false }) {
     this.keys = keys;
+    /** The span's own attributes, compared when a context is resumed. */
+    this.ownKeys = roles.own;
+    this.ownPositions = roles.own.map((key) => keys.indexOf(key));
+    /** The local root's attributes, published on every span of its tree. */
+    this.endpointKeys = roles.endpoint;
+    this.endpointPositions = roles.endpoint.map((key) => keys.indexOf(key));
+    this.spanName = roles.spanName;
+    this.spanNamePosition = keys.indexOf(SPAN_NAME_KEY);
+    this.localRootSpanId = roles.localRootSpanId;
+    /** Whether encoding needs the span's LocalRoot. */
+    this.needsRoot = roles.localRootSpanId || roles.endpoint.length !== 0;
     /** Index in the key map, -1 until the key is first seen on a span. */
     this.keyIndexes = new Int16Array(keys.length).fill(-1);
     this.warned = false;
@@ -113,26 +159,41 @@ class AttributeSchema {
     return index;
   }
 
-  /** Encodes the configured attributes present on `span`. */
+  /**
+   * Encodes what `span` publishes: its local root's id and attributes, its
+   * name, then its own configured attributes (the record's room runs out
+   * in that order).
+   */
   encode(span) {
     const spanAttributes = span.attributes;
-    const seen = new Array(this.keys.length);
+    const attributesReadable = spanAttributes !== null && typeof spanAttributes === 'object';
+    const seen = new Array(this.ownKeys.length);
     const parts = [];
     let size = 0;
-    if (spanAttributes !== null && typeof spanAttributes === 'object') {
-      for (let i = 0; i < this.keys.length; i++) {
-        const value = spanAttributes[this.keys[i]];
+    const add = (position, value) => {
+      const text = attributeText(value);
+      if (text === undefined) return;
+      const valueBytes = truncatedUtf8(text, MAX_VALUE_BYTES);
+      // An attribute that does not fit is left out whole; the record
+      // never grows past the record's size.
+      if (size + 2 + valueBytes.length > ATTRS_CAPACITY) return;
+      const index = this.keyIndex(position);
+      if (index < 0) return;
+      parts.push(Buffer.from([index, valueBytes.length]), valueBytes);
+      size += 2 + valueBytes.length;
+    };
+    const root = this.needsRoot ? localRootOf(span) : null;
+    if (root !== null) {
+      if (this.localRootSpanId && root.spanId !== '') add(0, root.spanId);
+      for (let i = 0; i < this.endpointKeys.length; i++) add(this.endpointPositions[i], root.values.get(this.endpointKeys[i]));
+    }
+    const name = this.spanName ? span.name : undefined;
+    if (this.spanName) add(this.spanNamePosition, name);
+    if (attributesReadable) {
+      for (let i = 0; i < this.ownKeys.length; i++) {
+        const value = spanAttributes[this.ownKeys[i]];
         seen[i] = value;
-        const text = attributeText(value);
-        if (text === undefined) continue;
-        const valueBytes = truncatedUtf8(text, MAX_VALUE_BYTES);
-        // An attribute that does not fit is left out whole; the record
-        // never grows past the record's size.
-        if (size + 2 + valueBytes.length > ATTRS_CAPACITY) continue;
-        const index = this.keyIndex(i);
-        if (index < 0) continue;
-        parts.push(Buffer.from([index, valueBytes.length]), valueBytes);
-        size += 2 + valueBytes.length;
+        add(this.ownPositions[i], value);
       }
     }
     const bytes = new Uint8Array(size);
@@ -141,14 +202,20 @@ class AttributeSchema {
       bytes.set(part, offset);
       offset += part.length;
     }
-    return new EncodedAttributes(spanAttributes, seen, bytes);
+    return new EncodedAttributes(spanAttributes, seen, bytes, span, name, root);
   }
 
-  /** Whether `encoded` still matches its span's attributes. */
+  /**
+   * Whether `encoded` still matches its span: the local root's endpoint
+   * unchanged (its version), the name, the span's own attributes.
+   */
   isCurrent(encoded) {
+    const root = encoded.root;
+    if (root !== null && root.version !== encoded.rootVersion) return false;
+    if (this.spanName && encoded.span.name !== encoded.name) return false;
     const spanAttributes = encoded.spanAttributes;
     if (spanAttributes === null || typeof spanAttributes !== 'object') return true;
-    const keys = this.keys;
+    const keys = this.ownKeys;
     const seen = encoded.seen;
     for (let i = 0; i < keys.length; i++) {
       if (spanAttributes[keys[i]] !== seen[i]) return false;
@@ -157,4 +224,10 @@ class AttributeSchema {
   }
 }
 
-module.exports = { AttributeSchema, validateKeys, truncatedUtf8, MAX_VALUE_BYTES, ATTRS_CAPACITY };
+module.exports = {
+  AttributeSchema,
+  schemaFromOptions,
+  SPAN_NAME_KEY,
+  LOCAL_ROOT_SPAN_ID_KEY,
+  DEFAULT_LOCAL_ROOT_ATTRIBUTES,
+  validateKeys, truncatedUtf8, MAX_VALUE_BYTES, ATTRS_CAPACITY };

@@ -27,6 +27,7 @@ const abi = require('../abi');
 const binding = require('../binding');
 const view = require('../record-view');
 const sdkResource = require('../sdk-resource');
+const localRoot = require('../local-root');
 
 const { offsets } = abi.record;
 const TAIL_INDEX_U32 = offsets.valid / 4;
@@ -197,6 +198,7 @@ function newRecord(span) {
   const [buffer, byteOffset] = allocate(size);
   const record = new SpanRecord(buffer, byteOffset, size, span, entry, schema, attributes);
   write(record, entry, attributes);
+  if (attributes !== null && attributes.root !== null) (attributes.root.records ??= new Set()).add(record);
   return record;
 }
 
@@ -213,6 +215,24 @@ function isCurrent(record) {
 function end(record) {
   record.ended = true;
   record.words[record.base + TAIL_INDEX_U32] = 0;
+  record.attributes?.root?.records?.delete(record);
+}
+
+/**
+ * A local root's endpoint changed (a late `http.route`): the live records
+ * of its tree are rewritten in place now, as frames resume without running
+ * anything. A few records per request, once per change. Cannot throw.
+ */
+function endpointChanged(root) {
+  try {
+    for (const record of root.records ?? []) {
+      if (record.ended || record.schema !== schema || record.attributes.rootVersion === root.version) continue;
+      record.attributes = schema.encode(record.span);
+      write(record, record.entry, record.attributes);
+    }
+  } catch {
+    // A throwing attribute getter: those records follow at their next with().
+  }
 }
 
 /** The record of `span` (cached on it), or null when it publishes none. */
@@ -379,12 +399,14 @@ function availability(storage) {
 function activate(manager) {
   const { cpedOffset, recordOffset } = discovered.offsets;
   schema = manager._attributeSchema;
+  localRoot.configure(schema === null ? [] : schema.endpointKeys, endpointChanged);
   binding.framePublish(manager._asyncLocalStorage, cpedOffset, recordOffset);
 }
 
 /** Stops publishing frames on this thread. */
 function deactivate() {
   schema = null;
+  localRoot.configure([], null);
   binding.frameUnpublish();
 }
 

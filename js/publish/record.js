@@ -16,6 +16,7 @@ const binding = require('../binding');
 const view = require('../record-view');
 const continuations = require('../continuations');
 const sdkResource = require('../sdk-resource');
+const localRoot = require('../local-root');
 
 const { NO_SPAN, validFlags } = view;
 
@@ -142,11 +143,27 @@ function spanEnded(span) {
   if (active && view.publishedEntry().span === span) view.publish(NO_SPAN);
 }
 
+/**
+ * A local root's endpoint changed (a late `http.route`): the record follows
+ * now if it carries a span of that tree; other contexts of the tree follow
+ * when resumed (their cached entries are stale by the root's version).
+ * Cannot throw.
+ */
+function endpointChanged(root) {
+  try {
+    const entry = view.publishedEntry();
+    if (entry !== NO_SPAN && entry.attributes !== null && entry.attributes.root === root) republish(entry);
+  } catch {
+    // Nothing to do: the next switch publishes the new endpoint.
+  }
+}
+
 /** Makes `manager` (record mode) the thread's publisher. */
 function activate(manager) {
   active = true;
   continuations.activate(manager, publishContext);
   schema = manager._attributeSchema;
+  localRoot.configure(schema === null ? [] : schema.endpointKeys, endpointChanged);
   binding.setClearOnIdle(true);
   publishContext(manager.active());
 }
@@ -156,6 +173,7 @@ function deactivate(manager) {
   active = false;
   continuations.deactivate(manager);
   schema = null;
+  localRoot.configure([], null);
   binding.setClearOnIdle(false);
   view.publish(NO_SPAN);
 }
