@@ -38,12 +38,30 @@ export declare class ProfilingContextManager extends AsyncLocalStorageContextMan
    *   carries it). An attribute set on a span after it became active is
    *   published the next time a context holding the span is entered
    *   (`with()`) or resumed (a callback starts in it) on the thread.
-   * @throws {TypeError} when `options` is not an object or `attributes` is not an array of strings.
-   * @throws {RangeError} when `attributes` has an empty or repeated key, or more than 256 keys,
-   *   or `mode` is a string other than `'record'` and `'frame'` (TypeError when not a string).
+   *   By default every record also says where its sample belongs: the span's
+   *   name (`span.name`), its local root span's id (`local_root.span_id`)
+   *   and the local root's `localRootAttributes`, inherited by every span
+   *   under it (README, "Where a sample belongs").
+   * @throws {TypeError} when `options` is not an object, `attributes` or `localRootAttributes`
+   *   is not an array of strings, or `spanName`/`localRootSpanId` is not a boolean.
+   * @throws {RangeError} when `attributes` or `localRootAttributes` has an empty or repeated key,
+   *   more than 256 keys are published in all, or `mode` is a string other than `'record'` and
+   *   `'frame'` (TypeError when not a string).
    */
   constructor(options?: {
     attributes?: string[];
+    /**
+     * Attributes of the local root span (the first span of the trace in this
+     * process) that every span under it publishes, so a sample in a child
+     * span says which endpoint it serves. A value set on the local root wins;
+     * until it has one, the latest value a span under it carried (Express's
+     * handler spans carry `http.route`). Default `['http.route']`; `[]` for none.
+     */
+    localRootAttributes?: string[];
+    /** Publish the span's name under `span.name`. Default true. */
+    spanName?: boolean;
+    /** Publish the local root span's id (16 hex digits) under `local_root.span_id`. Default true. */
+    localRootSpanId?: boolean;
     /**
      * How this manager publishes (README, "Publishing modes"): `'frame'`
      * (the Node.js schema `nodejs_v1_dev`, no work per async switch; only

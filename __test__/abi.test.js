@@ -14,6 +14,9 @@ const { BasicTracerProvider } = require('@opentelemetry/sdk-trace-base');
 const abi = require('../js/abi');
 const native = require('../js/native');
 const { ProfilingContextManager, threadInfo, processContextInfo } = require('..');
+// The span's own attributes only (the identity attributes published by
+// default are tested in local-root.test.js).
+const OWN_ATTRIBUTES_ONLY = { localRootAttributes: [], spanName: false, localRootSpanId: false };
 
 const ROOT = path.resolve(__dirname, '..');
 const ROUTE = 'http.route';
@@ -59,7 +62,7 @@ test('js/abi.js is the frozen layout of the contract', () => {
       valid: 'number',
       tlsSymbol: 'string',
     },
-    attrs: { maxValueBytes: 'number' },
+    attrs: { maxValueBytes: 'number', spanNameKey: 'string', localRootSpanIdKey: 'string', routeKey: 'string' },
     processContext: {
       signature: 'string', version: 'number', headerSize: 'number', maxPayloadBytes: 'number',
       maxKeys: 'number', mappingName: 'string', schemaVersionKey: 'string', keyMapKey: 'string',
@@ -75,7 +78,7 @@ test('the reader decodes, at the exported offsets, what the package wrote', (t) 
   const reader = native.readerPath();
   if (reader === null) return t.skip('the reader CLI is not built');
   // The OTEP 4947 record's ABI: record mode, whatever the default.
-  const manager = new ProfilingContextManager({ attributes: [ROUTE, TEXT], mode: 'record' });
+  const manager = new ProfilingContextManager({ attributes: [ROUTE, TEXT], mode: 'record', ...OWN_ATTRIBUTES_ONLY });
   context.setGlobalContextManager(manager.enable());
   t.after(() => {
     manager.disable();

@@ -13,7 +13,10 @@ const CHILD = `
   const warnings = [];
   diag.setLogger({ warn: (m) => warnings.push(m), error() {}, info() {}, debug() {}, verbose() {} });
   const { ProfilingContextManager, setSpanContext, clearSpanContext, threadInfo } = require('.');
-  const manager = new ProfilingContextManager({ attributes: ['http.route'] });
+  // The span's own attributes only (the identity attributes published by
+  // default are tested in local-root.test.js).
+  const OWN_ATTRIBUTES_ONLY = { localRootAttributes: [], spanName: false, localRootSpanId: false };
+  const manager = new ProfilingContextManager({ attributes: ['http.route'], ...OWN_ATTRIBUTES_ONLY });
   context.setGlobalContextManager(manager.enable());
   const out = (o) => console.log(JSON.stringify(o, (_k, v) => (typeof v === 'bigint' ? String(v) : v)));
   // Each step publishes, tells the parent, and blocks until it has read the record.

@@ -118,7 +118,14 @@ test('every configured attribute key is in the key map from enable() on, before 
     const { BasicTracerProvider } = fromRoot('@opentelemetry/sdk-trace-base');
     const otc = fromRoot('.');
     // The OTEP 4947 readers' view (schema, key map, record): record mode.
-    const manager = new otc.ProfilingContextManager({ attributes: ['http.route', 'user.id'], mode: 'record' });
+    // The span's own attributes only: identity attributes are tested in local-root.test.js.
+    const manager = new otc.ProfilingContextManager({
+      attributes: ['http.route', 'user.id'],
+      mode: 'record',
+      localRootAttributes: [],
+      spanName: false,
+      localRootSpanId: false,
+    });
     context.setGlobalContextManager(manager.enable());
     out({ pid: process.pid, phase: 'enabled', info: otc.processContextInfo() });
     waitForInput();

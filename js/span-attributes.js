@@ -49,12 +49,31 @@ function validateKeys(keys, option = 'attributes') {
   return [...keys];
 }
 
+/**
+ * The published bytes of short texts seen recently (span names, routes and
+ * local root ids repeat from span to span): encoded once, not per span.
+ */
+const recentValues = new Map();
+const RECENT_VALUES = 512;
+const RECENT_VALUE_LENGTH = 64;
+
+function valueBytesOf(text) {
+  if (text.length > RECENT_VALUE_LENGTH) return truncatedUtf8(text, MAX_VALUE_BYTES);
+  let bytes = recentValues.get(text);
+  if (bytes === undefined) {
+    bytes = truncatedUtf8(text, MAX_VALUE_BYTES);
+    if (recentValues.size >= RECENT_VALUES) recentValues.clear();
+    recentValues.set(text, bytes);
+  }
+  return bytes;
+}
+
 /** The key of the span's name in the key map. */
-const SPAN_NAME_KEY = 'span.name';
+const SPAN_NAME_KEY = abi.attrs.spanNameKey;
 /** The key of the local root span's id (16 lowercase hex digits). */
-const LOCAL_ROOT_SPAN_ID_KEY = 'local_root.span_id';
+const LOCAL_ROOT_SPAN_ID_KEY = abi.attrs.localRootSpanIdKey;
 /** The local root's attributes every span of its tree publishes, by default. */
-const DEFAULT_LOCAL_ROOT_ATTRIBUTES = Object.freeze(['http.route']);
+const DEFAULT_LOCAL_ROOT_ATTRIBUTES = Object.freeze([abi.attrs.routeKey]);
 
 /** The encoded attributes of one span, as RecordEntry carries them. */
 class EncodedAttributes {
@@ -164,27 +183,31 @@ class AttributeSchema {
    * name, then its own configured attributes (the record's room runs out
    * in that order).
    */
-  encode(span) {
+  encode(span, capacity = ATTRS_CAPACITY) {
     const spanAttributes = span.attributes;
     const attributesReadable = spanAttributes !== null && typeof spanAttributes === 'object';
     const seen = new Array(this.ownKeys.length);
-    const parts = [];
+    // Key indexes and value bytes of the entries that fit, in order.
+    const indexes = [];
+    const values = [];
     let size = 0;
-    const add = (position, value) => {
-      const text = attributeText(value);
-      if (text === undefined) return;
-      const valueBytes = truncatedUtf8(text, MAX_VALUE_BYTES);
+    const addBytes = (position, valueBytes) => {
       // An attribute that does not fit is left out whole; the record
       // never grows past the record's size.
-      if (size + 2 + valueBytes.length > ATTRS_CAPACITY) return;
+      if (size + 2 + valueBytes.length > capacity) return;
       const index = this.keyIndex(position);
       if (index < 0) return;
-      parts.push(Buffer.from([index, valueBytes.length]), valueBytes);
+      indexes.push(index);
+      values.push(valueBytes);
       size += 2 + valueBytes.length;
+    };
+    const add = (position, value) => {
+      const text = attributeText(value);
+      if (text !== undefined) addBytes(position, valueBytesOf(text));
     };
     const root = this.needsRoot ? localRootOf(span) : null;
     if (root !== null) {
-      if (this.localRootSpanId && root.spanId !== '') add(0, root.spanId);
+      if (this.localRootSpanId && root.spanId !== '') addBytes(0, (root.spanIdBytes ??= Buffer.from(root.spanId, 'latin1')));
       for (let i = 0; i < this.endpointKeys.length; i++) add(this.endpointPositions[i], root.values.get(this.endpointKeys[i]));
     }
     const name = this.spanName ? span.name : undefined;
@@ -198,9 +221,11 @@ class AttributeSchema {
     }
     const bytes = new Uint8Array(size);
     let offset = 0;
-    for (const part of parts) {
-      bytes.set(part, offset);
-      offset += part.length;
+    for (let i = 0; i < indexes.length; i++) {
+      bytes[offset] = indexes[i];
+      bytes[offset + 1] = values[i].length;
+      bytes.set(values[i], offset + 2);
+      offset += 2 + values[i].length;
     }
     return new EncodedAttributes(spanAttributes, seen, bytes, span, name, root);
   }

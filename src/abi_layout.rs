@@ -32,6 +32,9 @@ pub struct RecordLayout {
 #[napi(object)]
 pub struct AttrsLayout {
     pub max_value_bytes: u32,
+    pub span_name_key: String,
+    pub local_root_span_id_key: String,
+    pub route_key: String,
 }
 
 /// The OTEP 4719 process context.
@@ -82,6 +85,9 @@ pub fn layout() -> AbiLayout {
         },
         attrs: AttrsLayout {
             max_value_bytes: n(attrs::MAX_VALUE_BYTES),
+            span_name_key: attrs::SPAN_NAME_KEY.into(),
+            local_root_span_id_key: attrs::LOCAL_ROOT_SPAN_ID_KEY.into(),
+            route_key: attrs::ROUTE_KEY.into(),
         },
         process_context: ProcessContextLayout {
             // The signature is ASCII, so the string is its 8 bytes.

@@ -9,6 +9,17 @@ pub const MAX_VALUE_BYTES: usize = u8::MAX as usize;
 /// Bytes an entry takes before its value: `key_index` and `len`.
 pub const ENTRY_HEADER_SIZE: usize = 2;
 
+/// Key-map name of the span's name, which this writer publishes by default.
+pub const SPAN_NAME_KEY: &str = "span.name";
+/// Key-map name of the local root span's id (16 lowercase hex digits): the
+/// first span of the trace in the process, shared by every span under it.
+pub const LOCAL_ROOT_SPAN_ID_KEY: &str = "local_root.span_id";
+/// The endpoint attribute (semantic conventions), which every span of a
+/// local root's tree publishes by default.
+pub const ROUTE_KEY: &str = "http.route";
+/// The request method (semantic conventions), published when configured.
+pub const METHOD_KEY: &str = "http.request.method";
+
 /// One decoded entry, borrowing its value from the buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry<'a> {

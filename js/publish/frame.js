@@ -36,6 +36,24 @@ const RECORD_ALIGN = 32;
 /** A record without attributes, rounded up to the record alignment. */
 const HEADER_RECORD_SIZE = Math.ceil(abi.record.headerSize / RECORD_ALIGN) * RECORD_ALIGN;
 const FULL_RECORD_SIZE = abi.record.size;
+/**
+ * Room a span's record keeps beyond its first encoding, for values that
+ * come later (a route set after routing): records are sized to what they
+ * carry, not 640 bytes each. A later value that does not fit is left out
+ * whole, as one past the record's size always is.
+ */
+const LATER_VALUES_ROOM = 96;
+
+/** The record size for `attributes`, a multiple of the record alignment. */
+function recordSize(attributes) {
+  const wanted = abi.record.headerSize + attributes.bytes.length + LATER_VALUES_ROOM;
+  return Math.min(FULL_RECORD_SIZE, Math.ceil(wanted / RECORD_ALIGN) * RECORD_ALIGN);
+}
+
+/** Bytes of attrs_data a record has room for. */
+function attributesRoom(record) {
+  return record.size - abi.record.headerSize;
+}
 
 /** Bytes per slab of records: one napi call and one finalizer per this many bytes of spans. */
 const SLAB_BYTES = 16384;
@@ -194,7 +212,7 @@ function newRecord(span) {
   const entry = flags < 0 ? view.NO_SPAN : view.entryFromIds(sc.traceId, sc.spanId, flags);
   if (entry === view.NO_SPAN) return null;
   const attributes = schema === null ? null : schema.encode(span);
-  const size = schema === null ? HEADER_RECORD_SIZE : FULL_RECORD_SIZE;
+  const size = schema === null ? HEADER_RECORD_SIZE : recordSize(attributes);
   const [buffer, byteOffset] = allocate(size);
   const record = new SpanRecord(buffer, byteOffset, size, span, entry, schema, attributes);
   write(record, entry, attributes);
@@ -227,7 +245,7 @@ function endpointChanged(root) {
   try {
     for (const record of root.records ?? []) {
       if (record.ended || record.schema !== schema || record.attributes.rootVersion === root.version) continue;
-      record.attributes = schema.encode(record.span);
+      record.attributes = schema.encode(record.span, attributesRoom(record));
       write(record, record.entry, record.attributes);
     }
   } catch {
@@ -244,7 +262,7 @@ function recordOfSpan(span) {
     // Attributes or schema changed: the same record is rewritten when it
     // has room, so the wrappers over it publish the new attributes too.
     if (cached.schema === schema && schema !== null) {
-      cached.attributes = schema.encode(span);
+      cached.attributes = schema.encode(span, attributesRoom(cached));
       write(cached, cached.entry, cached.attributes);
       return cached;
     }
