@@ -319,14 +319,15 @@ pub fn sample(s: &Summary) -> String {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "{:<8} {:<16} {:>8} {:>7} {:>6}  {:<32} {:<16} {:>7}",
-        "TID", "NAME", "SAMPLES", "IDLE%", "ERRORS", "TRACE_ID", "SPAN_ID", "SHARE%"
+        "{:<8} {:<16} {:>8} {:>7} {:>6}  {:<32} {:<16} {:>7}  {:<24} {}",
+        "TID", "NAME", "SAMPLES", "IDLE%", "ERRORS", "TRACE_ID", "SPAN_ID", "SHARE%", "SPAN_NAME", "ENDPOINT"
     );
+    let label = |v: &Option<String>| v.as_deref().map_or("-".into(), escape).into_owned();
     for t in &s.threads {
         let first = t.spans.first();
         let _ = writeln!(
             o,
-            "{:<8} {:<16} {:>8} {:>7.1} {:>6}  {:<32} {:<16} {:>7}",
+            "{:<8} {:<16} {:>8} {:>7.1} {:>6}  {:<32} {:<16} {:>7}  {:<24} {}",
             t.tid,
             escape(&t.name),
             t.samples,
@@ -334,12 +335,14 @@ pub fn sample(s: &Summary) -> String {
             t.errors,
             first.map_or("-", |x| x.trace_id.as_str()),
             first.map_or("-", |x| x.span_id.as_str()),
-            first.map_or("-".into(), |x| format!("{:.1}", x.share * 100.0))
+            first.map_or("-".into(), |x| format!("{:.1}", x.share * 100.0)),
+            first.map_or("-".into(), |x| label(&x.span_name)),
+            first.map_or("-".into(), |x| label(&x.endpoint)),
         );
         for sp in t.spans.iter().skip(1) {
             let _ = writeln!(
                 o,
-                "{:<8} {:<16} {:>8} {:>7} {:>6}  {:<32} {:<16} {:>7.1}",
+                "{:<8} {:<16} {:>8} {:>7} {:>6}  {:<32} {:<16} {:>7.1}  {:<24} {}",
                 "",
                 "",
                 "",
@@ -347,7 +350,9 @@ pub fn sample(s: &Summary) -> String {
                 "",
                 sp.trace_id,
                 sp.span_id,
-                sp.share * 100.0
+                sp.share * 100.0,
+                label(&sp.span_name),
+                label(&sp.endpoint),
             );
         }
         if !t.no_span.is_empty() {
@@ -364,6 +369,17 @@ pub fn sample(s: &Summary) -> String {
                 t.schema.map_or("-", |s| s.name()),
                 reasons.join(", ")
             );
+        }
+    }
+    for (title, groups) in [("ENDPOINT", &s.endpoints), ("SPAN_NAME", &s.span_names)] {
+        if groups.is_empty() {
+            continue;
+        }
+        let _ = writeln!(o);
+        let _ = writeln!(o, "{:<40} {:>8} {:>7}", title, "SAMPLES", "SHARE%");
+        for g in groups {
+            let name = g.name.as_deref().map_or("[none published]".into(), escape);
+            let _ = writeln!(o, "{:<40} {:>8} {:>7.1}", name, g.samples, g.share * 100.0);
         }
     }
     o

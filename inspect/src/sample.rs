@@ -12,6 +12,7 @@ use crate::error::Fatal;
 use crate::process_context;
 use crate::ptrace::Tracer;
 use crate::record::decode_attributes;
+use otel_thread_ctx_abi::attrs;
 use crate::schema::nodejs::{self, Reason};
 use crate::schema::Schema;
 use crate::signals;
@@ -93,6 +94,21 @@ pub struct Summary {
     /// Every time the process executed a new program during the run.
     pub execs: Vec<Exec>,
     pub threads: Vec<ThreadSummary>,
+    /// Samples in a span per endpoint (`http.route`, after the method when
+    /// published; `null` for spans that published none), all threads,
+    /// most frequent first.
+    pub endpoints: Vec<GroupShare>,
+    /// Samples in a span per span name (`null`: no name published).
+    pub span_names: Vec<GroupShare>,
+}
+
+/// Samples of all threads that share an endpoint or a span name.
+#[derive(Serialize, Debug)]
+pub struct GroupShare {
+    pub name: Option<String>,
+    pub samples: u64,
+    /// samples / all samples in a span.
+    pub share: f64,
 }
 
 /// The process executed a new program: reads stopped, and resumed once (and
@@ -150,6 +166,10 @@ pub struct ThreadSummary {
 pub struct SpanShare {
     pub trace_id: String,
     pub span_id: String,
+    /// As the span's records published them (the latest read).
+    pub span_name: Option<String>,
+    pub endpoint: Option<String>,
+    pub local_root_span_id: Option<String>,
     pub samples: u64,
     /// samples / thread samples.
     pub share: f64,
@@ -164,7 +184,16 @@ struct Tally {
     zero_ids: u64,
     errors: u64,
     late_stops: u64,
-    spans: HashMap<(TraceId, SpanId), u64>,
+    spans: HashMap<(TraceId, SpanId), SpanTally>,
+}
+
+/// A span's samples and what its records said about it.
+#[derive(Default)]
+struct SpanTally {
+    samples: u64,
+    name: Option<String>,
+    endpoint: Option<String>,
+    local_root_span_id: Option<String>,
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -254,6 +283,21 @@ fn resolve(target: &Target) -> Result<Reading, Unpublished> {
             .find(|(s, _)| *s == Schema::Nodejs)
             .map(|&(_, p)| p),
     })
+}
+
+/// Sample counts per group, most frequent first, with their share of all.
+fn group_shares(groups: HashMap<Option<String>, u64>) -> Vec<GroupShare> {
+    let total: u64 = groups.values().sum();
+    let mut out: Vec<GroupShare> = groups
+        .into_iter()
+        .map(|(name, samples)| GroupShare {
+            name,
+            samples,
+            share: samples as f64 / total.max(1) as f64,
+        })
+        .collect();
+    out.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.name.cmp(&b.name)));
+    out
 }
 
 /// The attributes of a record's attrs_data, by key name.
@@ -385,7 +429,8 @@ pub fn run(
                 &resolution.plans,
                 &target.memory,
                 &tls::HOST,
-                raw.is_some(),
+                // The summary names spans and endpoints from the attributes.
+                true,
             ) {
                 Ok(read) => read,
                 // The process died under the read: end with what was gathered.
@@ -452,17 +497,29 @@ pub fn run(
             let error;
             match &read.outcome {
                 Outcome::Record(r) if r.header.names_a_span() => {
-                    *tally
+                    let attrs = attributes(&r.attrs_data, resolution.key_map.as_deref());
+                    let span = tally
                         .spans
                         .entry((r.header.trace_id, r.header.span_id))
-                        .or_default() += 1;
+                        .or_default();
+                    span.samples += 1;
+                    let get = |k: &str| attrs.get(k).map(String::as_str);
+                    // The latest read wins: an endpoint may arrive late.
+                    if let Some(name) = get(attrs::SPAN_NAME_KEY) {
+                        span.name = Some(name.to_string());
+                    }
+                    if let Some(endpoint) = crate::profile::model::endpoint(get) {
+                        span.endpoint = Some(endpoint);
+                    }
+                    if let Some(id) = get(attrs::LOCAL_ROOT_SPAN_ID_KEY) {
+                        span.local_root_span_id = Some(id.to_string());
+                    }
                     line.valid = true;
                     line.trace_id = Some(r.header.trace_id.to_string());
                     line.span_id = Some(r.header.span_id.to_string());
                     line.trace_flags = Some(r.header.trace_flags.to_u8());
                     if raw.is_some() {
-                        line.attributes =
-                            Some(attributes(&r.attrs_data, resolution.key_map.as_deref()));
+                        line.attributes = Some(attrs);
                     }
                 }
                 Outcome::Record(r) if r.header.is_valid() => {
@@ -507,17 +564,26 @@ pub fn run(
     drop(tracer);
     held.sort_unstable();
     to_stop.sort_unstable();
+    let mut endpoints: HashMap<Option<String>, u64> = HashMap::new();
+    let mut span_names: HashMap<Option<String>, u64> = HashMap::new();
     let threads = tallies
         .into_iter()
         .map(|(tid, t)| {
             let mut spans: Vec<SpanShare> = t
                 .spans
                 .into_iter()
-                .map(|((trace, span), n)| SpanShare {
-                    trace_id: trace.to_string(),
-                    span_id: span.to_string(),
-                    samples: n,
-                    share: n as f64 / t.samples as f64,
+                .map(|((trace, span), n)| {
+                    *endpoints.entry(n.endpoint.clone()).or_default() += n.samples;
+                    *span_names.entry(n.name.clone()).or_default() += n.samples;
+                    SpanShare {
+                        trace_id: trace.to_string(),
+                        span_id: span.to_string(),
+                        span_name: n.name,
+                        endpoint: n.endpoint,
+                        local_root_span_id: n.local_root_span_id,
+                        samples: n.samples,
+                        share: n.samples as f64 / t.samples as f64,
+                    }
                 })
                 .collect();
             spans.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.span_id.cmp(&b.span_id)));
@@ -573,5 +639,7 @@ pub fn run(
         target_exited,
         execs,
         threads,
+        endpoints: group_shares(endpoints),
+        span_names: group_shares(span_names),
     }))
 }

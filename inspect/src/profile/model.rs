@@ -8,6 +8,7 @@ use super::symbolize::{Frame, Names};
 use opentelemetry::trace::{SpanId, TraceId};
 
 use crate::record;
+use otel_thread_ctx_abi::attrs;
 
 /// The span a sample's record named, as the W3C bytes of its ids (byte
 /// order is what orders the profile's output).
@@ -96,6 +97,40 @@ impl Entry {
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     }
+
+    /// The span's name, when the record carried it.
+    pub fn span_name(&self) -> Option<&str> {
+        self.attribute(attrs::SPAN_NAME_KEY)
+    }
+
+    /// The local root span's id (hex), when the record carried it.
+    pub fn local_root_span_id(&self) -> Option<&str> {
+        self.attribute(attrs::LOCAL_ROOT_SPAN_ID_KEY)
+    }
+
+    /// The endpoint the sample served: see [`endpoint`].
+    pub fn endpoint(&self) -> Option<String> {
+        endpoint(|k| self.attribute(k))
+    }
+
+    /// Whether the wait, with no span published, is in `epoll_wait`: an
+    /// event loop waiting for I/O.
+    fn waits_in_epoll(&self) -> bool {
+        self.frames
+            .iter()
+            .any(|f| f.module == "[kernel]" && f.name.contains("epoll"))
+    }
+}
+
+/// The endpoint of a record's attributes: its `http.route`, after its
+/// `http.request.method` when it has one (`GET /sort`), as the local root
+/// published it for every span of its tree.
+pub fn endpoint<'a>(attribute: impl Fn(&str) -> Option<&'a str>) -> Option<String> {
+    let route = attribute(attrs::ROUTE_KEY)?;
+    Some(match attribute(attrs::METHOD_KEY) {
+        Some(method) => format!("{method} {route}"),
+        None => route.to_string(),
+    })
 }
 
 /// A finished profile.
@@ -114,6 +149,32 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// Leaves out off-CPU time that is not waiting inside the application's
+    /// work: waits with no span published on threads that never published
+    /// one in the run (V8 platform workers, idle pool threads) and the
+    /// idle waits of the others (an event loop waiting for I/O). Returns
+    /// the nanoseconds left out.
+    pub fn keep_off_cpu_in_spans(&mut self) -> u64 {
+        let with_spans: std::collections::HashSet<u32> = self
+            .entries
+            .iter()
+            .filter(|e| e.span.is_some())
+            .map(|e| e.tid)
+            .collect();
+        let mut dropped = 0;
+        self.entries.retain(|e| {
+            let idle = e.kind == Kind::OffCpu
+                && e.state == State::Idle
+                && (!with_spans.contains(&e.tid) || e.waits_in_epoll());
+            let keep = !idle;
+            if !keep {
+                dropped += e.total_ns();
+            }
+            keep
+        });
+        dropped
+    }
+
     /// Wall-clock nanoseconds of a CLOCK_MONOTONIC time of this run.
     pub fn unix_ns(&self, monotonic_ns: u64) -> u64 {
         (self.start_unix_ns as i128 + monotonic_ns as i128 - self.start_monotonic_ns as i128).max(0)
@@ -314,19 +375,37 @@ pub mod tests {
         n
     }
 
+    /// `http.route=/a`, `span.name=sort`, `local_root.span_id=0707070707070707`
+    /// (span 7 is its own local root).
+    pub fn named_span_attrs() -> Vec<u8> {
+        let mut a = vec![0, 2, b'/', b'a', 1, 4];
+        a.extend_from_slice(b"sort");
+        a.extend_from_slice(&[2, 16]);
+        a.extend_from_slice(b"0707070707070707");
+        a
+    }
+
+    pub fn key_map() -> Vec<String> {
+        vec![
+            "http.route".into(),
+            "span.name".into(),
+            "local_root.span_id".into(),
+        ]
+    }
+
     pub fn profile() -> Profile {
         let samples = vec![
             sample(
                 Kind::OnCpu,
                 1,
-                record(7, &[0, 2, b'/', b'a']),
+                record(7, &named_span_attrs()),
                 &[0x10, 0x20, 0x30],
                 0,
             ),
             sample(
                 Kind::OnCpu,
                 1,
-                record(7, &[0, 2, b'/', b'a']),
+                record(7, &named_span_attrs()),
                 &[0x10, 0x20, 0x30],
                 0,
             ),
@@ -351,7 +430,7 @@ pub mod tests {
             base,
             &samples,
             &names(),
-            &["http.route".into()],
+            &key_map(),
             &HashMap::from([(1, "main".to_string())]),
         )
     }
@@ -365,6 +444,9 @@ pub mod tests {
         assert_eq!(first.state, State::Running);
         assert_eq!(first.thread_name, "main");
         assert_eq!(first.attribute("http.route"), Some("/a"));
+        assert_eq!(first.span_name(), Some("sort"));
+        assert_eq!(first.local_root_span_id(), Some("0707070707070707"));
+        assert_eq!(first.endpoint().as_deref(), Some("/a"));
         let names: Vec<&str> = first.frames.iter().map(|f| f.name.as_str()).collect();
         // Return addresses are looked up one byte back.
         assert_eq!(names, ["schedule", "leaf", "caller", "main"]);
@@ -387,5 +469,26 @@ pub mod tests {
         let idle = p.entries.iter().find(|e| e.state == State::Idle).unwrap();
         assert!(idle.span.is_none());
         assert_eq!(idle.thread_name, "t2");
+    }
+
+    #[test]
+    fn the_endpoint_is_the_route_after_its_method() {
+        let attrs = [("http.route", "/sort"), ("http.request.method", "GET")];
+        let get = |k: &str| attrs.iter().find(|(key, _)| *key == k).map(|(_, v)| *v);
+        assert_eq!(endpoint(get).as_deref(), Some("GET /sort"));
+        assert_eq!(endpoint(|_| None), None);
+    }
+
+    #[test]
+    fn idle_waits_are_left_out_and_waits_in_spans_kept() {
+        let mut p = profile();
+        // Thread 2 never had a span: its wait is a helper thread idling.
+        let dropped = p.keep_off_cpu_in_spans();
+        assert_eq!(dropped, 9_000);
+        assert!(p
+            .entries
+            .iter()
+            .all(|e| e.kind == Kind::OnCpu || e.state == State::Blocked));
+        assert_eq!(p.off_cpu_ns(), 5_000);
     }
 }

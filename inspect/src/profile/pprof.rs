@@ -1,9 +1,12 @@
 //! pprof output: a gzipped `perftools.profiles.Profile` (profile.proto).
 //!
-//! Sample types: `samples`/`count` and `cpu`/`nanoseconds`, plus
-//! `off_cpu`/`nanoseconds` with off-CPU profiling. Labels: `trace_id`,
-//! `span_id`, `thread.id` (numeric), `thread.name`, `state`, and each record
-//! attribute under its key-map name.
+//! Sample types: `cpu`/`nanoseconds` (first, and the default a viewer
+//! opens on) and `samples`/`count`, plus `off_cpu`/`nanoseconds` with
+//! off-CPU profiling. Labels: `trace_id`, `span_id`, `span_name`,
+//! `local_root_span_id`, `trace_endpoint` (the names Datadog's profilers
+//! use; Pyroscope builds span profiles from `span_id`), `thread.id`
+//! (numeric), `thread.name`, `state`, and each other record attribute under
+//! its key-map name.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -14,6 +17,7 @@ use prost::Message;
 use super::kernel::Kind;
 use super::model::Profile;
 use super::symbolize::Frame;
+use otel_thread_ctx_abi::attrs;
 
 mod proto {
     //! The profile.proto messages, field numbers as in google/pprof.
@@ -135,8 +139,8 @@ fn encode(p: &Profile, comments: &[String]) -> proto::Profile {
         unit: s.get(u),
     };
     let mut sample_type = vec![
-        value_type("samples", "count", &mut strings),
         value_type("cpu", "nanoseconds", &mut strings),
+        value_type("samples", "count", &mut strings),
     ];
     if p.off_cpu {
         sample_type.push(value_type("off_cpu", "nanoseconds", &mut strings));
@@ -173,7 +177,7 @@ fn encode(p: &Profile, comments: &[String]) -> proto::Profile {
             })
             .collect();
         let mut value = match e.kind {
-            Kind::OnCpu => vec![e.events.len() as i64, e.total_ns() as i64],
+            Kind::OnCpu => vec![e.total_ns() as i64, e.events.len() as i64],
             Kind::OffCpu => vec![0, 0],
         };
         if p.off_cpu {
@@ -203,8 +207,20 @@ fn encode(p: &Profile, comments: &[String]) -> proto::Profile {
         if e.threadpool {
             label.push(text("thread.pool", "true", &mut strings));
         }
+        if let Some(name) = e.span_name() {
+            label.push(text("span_name", name, &mut strings));
+        }
+        if let Some(id) = e.local_root_span_id() {
+            label.push(text("local_root_span_id", id, &mut strings));
+        }
+        if let Some(endpoint) = e.endpoint() {
+            label.push(text("trace_endpoint", &endpoint, &mut strings));
+        }
         for (k, v) in &e.attributes {
-            label.push(text(k, v, &mut strings));
+            // Already labelled under the names profilers share.
+            if k != attrs::SPAN_NAME_KEY && k != attrs::LOCAL_ROOT_SPAN_ID_KEY {
+                label.push(text(k, v, &mut strings));
+            }
         }
         out.sample.push(proto::Sample {
             location_id,
@@ -212,7 +228,8 @@ fn encode(p: &Profile, comments: &[String]) -> proto::Profile {
             label,
         });
     }
-    out.default_sample_type = out.sample_type[if p.off_cpu { 2 } else { 1 }].r#type;
+    // CPU first: a viewer opens on it, not on the off-CPU time.
+    out.default_sample_type = out.sample_type[0].r#type;
     out.comment = comments.iter().map(|c| strings.get(c)).collect();
     out.string_table = strings.table;
     out
@@ -250,14 +267,15 @@ mod tests {
         assert_eq!(
             types,
             [
-                ("samples", "count"),
                 ("cpu", "nanoseconds"),
+                ("samples", "count"),
                 ("off_cpu", "nanoseconds")
             ]
         );
+        assert_eq!(s(d.default_sample_type), "cpu");
         assert_eq!(d.sample.len(), p.entries.len());
         let first = &d.sample[0];
-        assert_eq!(first.value, [2, 20_000_000, 0]);
+        assert_eq!(first.value, [20_000_000, 2, 0]);
         let labels: HashMap<&str, &str> = first
             .label
             .iter()
@@ -268,6 +286,10 @@ mod tests {
         assert_eq!(labels["span_id"], "0707070707070707");
         assert_eq!(labels["thread.name"], "main");
         assert_eq!(labels["http.route"], "/a");
+        assert_eq!(labels["trace_endpoint"], "/a");
+        assert_eq!(labels["span_name"], "sort");
+        assert_eq!(labels["local_root_span_id"], "0707070707070707");
+        assert!(!labels.contains_key("span.name"));
         assert_eq!(labels["state"], "running");
         assert!(!labels.contains_key("thread.pool"));
         assert!(first
