@@ -88,9 +88,15 @@ enum Command {
         /// On-CPU samples per second per CPU.
         #[arg(long, default_value_t = 99, value_parser = parse_profile_hz)]
         hz: u64,
-        /// Also record off-CPU time: the stack and span of every wait, and how long it lasted.
-        #[arg(long)]
-        off_cpu: bool,
+        /// Also record off-CPU time: the stack and span of every wait, and how
+        /// long it lasted. `--off-cpu` keeps the application's waits (idle
+        /// helper threads and event loops waiting for I/O are left out);
+        /// `--off-cpu=all` keeps every wait.
+        #[arg(long, value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "spans")]
+        off_cpu: Option<profile::OffCpu>,
+        /// First level of the whole-run folded stacks and flame graph.
+        #[arg(long, value_enum, default_value_t = profile::flame::GroupBy::Endpoint)]
+        group_by: profile::flame::GroupBy,
         /// Output format.
         #[arg(long, value_enum, default_value_t = profile::Format::Pprof)]
         format: profile::Format,
@@ -146,6 +152,7 @@ fn main() -> ExitCode {
             duration,
             hz,
             off_cpu,
+            group_by,
             format,
             output,
             otlp_endpoint,
@@ -158,6 +165,7 @@ fn main() -> ExitCode {
                 hz,
                 off_cpu,
                 format,
+                group_by,
                 output,
                 otlp_endpoint,
                 max_traces,
@@ -171,6 +179,9 @@ fn main() -> ExitCode {
                 Ok(report) => {
                     for line in &report.lines {
                         eprintln!("{line}");
+                    }
+                    if let Some(text) = &report.stdout {
+                        emit(text);
                     }
                     ExitCode::SUCCESS
                 }

@@ -1,6 +1,8 @@
 //! Folded stacks and flame graphs (inferno): one for the whole run, whose
-//! levels are thread, span, (with off-CPU profiling) on/off CPU, then the
-//! frames root first; and one per trace, whose first level is the span.
+//! first level is what `--group-by` says (the endpoint by default; the span
+//! name; the thread, then the span; or nothing), then, with off-CPU
+//! profiling, on/off CPU, then the frames root first; and one per trace,
+//! whose first level is the span, by name.
 //!
 //! Values are microseconds: on CPU, samples times the sampling period; off
 //! CPU, the time waited.
@@ -10,26 +12,86 @@ use std::collections::BTreeMap;
 use super::kernel::Kind;
 use super::model::{Entry, Profile, Span, State};
 
-/// How a span shows in a flame graph: its id and, when the record carried
-/// it, its `http.route`.
-pub fn span_label(e: &Entry) -> String {
-    match (&e.span, e.state) {
-        (Some(span), _) => {
-            let mut label = format!("span {}", span.span_hex());
-            for (k, v) in &e.attributes {
-                label.push_str(&format!(" {k}={v}"));
-            }
-            label
+/// The first level of the whole-run flame graph.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupBy {
+    /// The endpoint the sample served (`http.route`, after the method when
+    /// published), inherited from the local root span.
+    #[default]
+    Endpoint,
+    /// The span's name.
+    Span,
+    /// The thread, then the span.
+    Thread,
+    /// No grouping: the frames only.
+    None,
+}
+
+impl GroupBy {
+    /// How the whole-run graph's title says it.
+    pub fn title(self) -> &'static str {
+        match self {
+            GroupBy::Endpoint => "by endpoint",
+            GroupBy::Span => "by span name",
+            GroupBy::Thread => "by thread and span",
+            GroupBy::None => "all samples",
         }
-        (None, State::Idle) => "[idle]".into(),
-        (None, _) => "[no span]".into(),
+    }
+}
+
+/// What a sample outside any span shows as.
+fn no_span(e: &Entry) -> &'static str {
+    if e.state == State::Idle {
+        "[idle]"
+    } else {
+        "[no span]"
+    }
+}
+
+/// How a span shows in a flame graph: its name and id (`[span <id>]`
+/// when the record carried no name).
+pub fn span_label(e: &Entry) -> String {
+    match &e.span {
+        Some(span) => match e.span_name() {
+            Some(name) => format!("{name} ({})", span.span_hex()),
+            None => format!("[span {}]", span.span_hex()),
+        },
+        None => no_span(e).into(),
+    }
+}
+
+/// The endpoint level: the endpoint, or why there is none.
+pub fn endpoint_label(e: &Entry) -> String {
+    match (&e.span, e.endpoint()) {
+        (Some(_), Some(endpoint)) => endpoint,
+        (Some(_), None) => "[no endpoint]".into(),
+        (None, _) => no_span(e).into(),
+    }
+}
+
+/// The span-name level: the name, or why there is none.
+pub fn span_name_label(e: &Entry) -> String {
+    match (&e.span, e.span_name()) {
+        (Some(_), Some(name)) => name.to_string(),
+        (Some(_), None) => "[unnamed span]".into(),
+        (None, _) => no_span(e).into(),
+    }
+}
+
+/// A frame's name without V8's tier marker (`JS:*f`, `JS:^f`, `JS:~f`,
+/// `JS:+f` are one function compiled by different tiers): one function is
+/// one box, however often it was recompiled during the run.
+pub fn function_name(name: &str) -> std::borrow::Cow<'_, str> {
+    match name.strip_prefix("JS:") {
+        Some(rest) if rest.starts_with(['*', '^', '~', '+']) => format!("JS:{}", &rest[1..]).into(),
+        _ => name.into(),
     }
 }
 
 /// Frame names root first; kernel frames get inferno's `_[k]` suffix.
 fn frames(e: &Entry) -> impl Iterator<Item = String> + '_ {
     e.frames.iter().rev().map(|f| {
-        let name = f.name.replace(';', ":");
+        let name = function_name(&f.name).replace(';', ":");
         if f.module == "[kernel]" {
             format!("{name}_[k]")
         } else {
@@ -43,21 +105,28 @@ fn micros(e: &Entry) -> u64 {
 }
 
 /// Folded lines (`a;b;c value`), sorted, for the whole run.
-pub fn folded(p: &Profile) -> Vec<String> {
+pub fn folded(p: &Profile, group_by: GroupBy) -> Vec<String> {
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for e in &p.entries {
-        let root = format!("{} ({})", e.thread_name.replace(';', ":"), e.tid);
-        *lines.entry(stack(p, e, Some(root))).or_default() += micros(e);
+        let levels = match group_by {
+            GroupBy::Endpoint => vec![endpoint_label(e)],
+            GroupBy::Span => vec![span_name_label(e)],
+            GroupBy::Thread => vec![
+                format!("{} ({})", e.thread_name, e.tid),
+                span_label(e),
+            ],
+            GroupBy::None => Vec::new(),
+        };
+        *lines.entry(stack(p, e, levels)).or_default() += micros(e);
     }
     folded_lines(lines)
 }
 
-/// The folded stack of `e`: `root` (if any), the span, `[threadpool]` for
-/// a pool thread's work item, the on/off-CPU marker when the profile has
-/// both, then the frames, outermost first.
-fn stack(p: &Profile, e: &Entry, root: Option<String>) -> String {
-    let mut stack: Vec<String> = root.into_iter().collect();
-    stack.push(span_label(e).replace(';', ":"));
+/// The folded stack of `e`: `levels`, `[threadpool]` for a pool thread's
+/// work item, the on/off-CPU marker when the profile has both, then the
+/// frames, outermost first.
+fn stack(p: &Profile, e: &Entry, levels: Vec<String>) -> String {
+    let mut stack: Vec<String> = levels.into_iter().map(|l| l.replace(';', ":")).collect();
     if e.threadpool {
         stack.push("[threadpool]".into());
     }
@@ -85,39 +154,53 @@ fn folded_lines(lines: BTreeMap<String, u64>) -> Vec<String> {
 pub struct Trace {
     pub trace_id: String,
     pub total_us: u64,
-    /// The title of its flame graph: trace id and the routes its spans carried.
+    /// The title of its flame graph: the local root span's name and the
+    /// endpoint, then the trace id.
     pub title: String,
     pub lines: Vec<String>,
 }
 
+/// What a trace's title says: its local root span's name (when a sample
+/// fell in that span: records name their own span only) and its endpoints.
+#[derive(Default)]
+struct TraceNames {
+    root_name: Option<String>,
+    endpoints: Vec<String>,
+}
+
 /// Per trace, the busiest first, at most `limit`.
 pub fn per_trace(p: &Profile, limit: usize) -> Vec<Trace> {
-    // Per trace id: folded stack -> samples, and the span ids seen.
     type Folded = BTreeMap<String, u64>;
-    let mut traces: BTreeMap<[u8; 16], (Folded, Vec<String>)> = BTreeMap::new();
+    let mut traces: BTreeMap<[u8; 16], (Folded, TraceNames)> = BTreeMap::new();
     for e in &p.entries {
-        let Some(Span { trace_id, .. }) = e.span else {
+        let Some(span @ Span { trace_id, .. }) = e.span else {
             continue;
         };
-        let (lines, routes) = traces.entry(trace_id).or_default();
-        *lines.entry(stack(p, e, None)).or_default() += micros(e);
-        if let Some(route) = e.attribute("http.route") {
-            if !routes.iter().any(|r| r == route) {
-                routes.push(route.to_string());
+        let (lines, names) = traces.entry(trace_id).or_default();
+        *lines.entry(stack(p, e, vec![span_label(e)])).or_default() += micros(e);
+        if let Some(name) = e.span_name() {
+            if e.local_root_span_id() == Some(span.span_hex().as_str()) {
+                names.root_name.get_or_insert_with(|| name.to_string());
+            }
+        }
+        if let Some(endpoint) = e.endpoint() {
+            if !names.endpoints.contains(&endpoint) {
+                names.endpoints.push(endpoint);
             }
         }
     }
     let mut out: Vec<Trace> = traces
         .into_iter()
-        .map(|(id, (lines, routes))| {
+        .map(|(id, (lines, names))| {
             let trace_id = opentelemetry::trace::TraceId::from_bytes(id).to_string();
-            let mut title = format!("trace {trace_id}");
-            if !routes.is_empty() {
-                title.push_str(&format!(" ({})", routes.join(", ")));
+            let mut parts: Vec<String> = names.root_name.into_iter().collect();
+            if !names.endpoints.is_empty() {
+                parts.push(names.endpoints.join(", "));
             }
+            parts.push(format!("(trace {trace_id})"));
             Trace {
                 total_us: lines.values().sum(),
-                title,
+                title: parts.join(" "),
                 trace_id,
                 lines: folded_lines(lines),
             }
@@ -164,20 +247,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn whole_run_levels_are_thread_span_state_then_frames() {
+    fn v8_tiers_of_one_function_are_one_name() {
+        assert_eq!(function_name("JS:*sort /a.js:1:2"), "JS:sort /a.js:1:2");
+        assert_eq!(function_name("JS:^sort /a.js:1:2"), "JS:sort /a.js:1:2");
+        assert_eq!(function_name("JS:~sort /a.js:1:2"), "JS:sort /a.js:1:2");
+        assert_eq!(function_name("uv_run"), "uv_run");
+    }
+
+    #[test]
+    fn the_whole_run_is_rooted_at_the_endpoint_by_default() {
         let p = crate::profile::model::tests::profile();
-        let lines = folded(&p);
-        assert!(lines.contains(&"main (1);span 0707070707070707 http.route=/a;[on-cpu];main;caller;leaf;schedule_[k] 20000".to_string()), "{lines:#?}");
+        let lines = folded(&p, GroupBy::default());
         assert!(
-            lines
-                .iter()
-                .any(|l| l.starts_with("t2 (2);[idle];[off-cpu];") && l.ends_with(" 9")),
+            lines.contains(&"/a;[on-cpu];main;caller;leaf;schedule_[k] 20000".to_string()),
             "{lines:#?}"
         );
         assert!(
             lines
                 .iter()
-                .any(|l| l.starts_with("t2 (2);[no span];[on-cpu];main;leaf")),
+                .any(|l| l.starts_with("[idle];[off-cpu];") && l.ends_with(" 9")),
+            "{lines:#?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("[no span];[on-cpu];main;leaf")),
             "{lines:#?}"
         );
     }
@@ -202,25 +296,46 @@ mod tests {
         );
         assert!(p.entries[0].threadpool);
         assert_eq!(
-            folded(&p),
-            ["t5 (5);span 0707070707070707 http.route=/a;[threadpool];leaf;schedule_[k] 10000"]
+            folded(&p, GroupBy::Thread),
+            ["t5 (5);[span 0707070707070707];[threadpool];leaf;schedule_[k] 10000"]
+        );
+        assert_eq!(
+            folded(&p, GroupBy::Endpoint),
+            ["/a;[threadpool];leaf;schedule_[k] 10000"]
         );
         let traces = per_trace(&p, 10);
         assert_eq!(
             traces[0].lines,
-            ["span 0707070707070707 http.route=/a;[threadpool];leaf;schedule_[k] 10000"]
+            ["[span 0707070707070707];[threadpool];leaf;schedule_[k] 10000"]
         );
     }
 
     #[test]
-    fn one_graph_per_trace_titled_with_its_route() {
+    fn other_groupings_name_the_span_the_thread_or_nothing() {
+        let p = crate::profile::model::tests::profile();
+        let by_span = folded(&p, GroupBy::Span);
+        assert!(by_span.iter().any(|l| l.starts_with("sort;[on-cpu];main")), "{by_span:#?}");
+        let by_thread = folded(&p, GroupBy::Thread);
+        assert!(
+            by_thread
+                .iter()
+                .any(|l| l.starts_with("main (1);sort (0707070707070707);[on-cpu];main")),
+            "{by_thread:#?}"
+        );
+        let flat = folded(&p, GroupBy::None);
+        assert!(flat.iter().all(|l| l.starts_with("[on-cpu];") || l.starts_with("[off-cpu];")), "{flat:#?}");
+    }
+
+    #[test]
+    fn one_graph_per_trace_titled_with_its_root_span_and_endpoint() {
         let p = crate::profile::model::tests::profile();
         let traces = per_trace(&p, 10);
         assert_eq!(traces.len(), 1);
         assert_eq!(
             traces[0].title,
-            "trace 07070707070707070707070707070707 (/a)"
+            "sort /a (trace 07070707070707070707070707070707)"
         );
+        assert!(traces[0].lines.iter().any(|l| l.starts_with("sort (0707070707070707);")));
         assert_eq!(traces[0].total_us, 20_000 + 5);
         let svg =
             String::from_utf8(svg(&traces[0].lines, &traces[0].title, None).unwrap()).unwrap();

@@ -18,6 +18,7 @@ pub mod perf_map;
 pub mod pprof;
 pub mod symbolize;
 pub mod threadpool;
+pub mod top;
 pub mod unwind;
 
 #[cfg(profile_bpf)]
@@ -49,6 +50,20 @@ pub enum Format {
     /// One JSON line per sample, in time order, with CLOCK_MONOTONIC times
     /// and the record as read (no stacks): for scripts and scoring.
     Jsonl,
+    /// Tables on stdout (or in the output file when given): CPU and
+    /// off-CPU time by endpoint, by span name, by function.
+    Top,
+}
+
+/// Which off-CPU time a profile keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OffCpu {
+    /// Waits of the application's threads, not their idle waits: off-CPU
+    /// time with no span on threads that never published one (V8 platform
+    /// workers, idle pool threads) and event loops idle in epoll are left out.
+    Spans,
+    /// Every wait of every thread.
+    All,
 }
 
 impl Format {
@@ -59,6 +74,7 @@ impl Format {
             Format::Folded => "folded",
             Format::Svg => "svg",
             Format::Jsonl => "jsonl",
+            Format::Top => "txt",
         }
     }
 }
@@ -67,8 +83,11 @@ pub struct Options {
     pub pid: i32,
     pub duration: Duration,
     pub hz: u64,
-    pub off_cpu: bool,
+    /// Off-CPU time recorded, and which (None: on CPU only).
+    pub off_cpu: Option<OffCpu>,
     pub format: Format,
+    /// First level of the whole-run folded stacks and flame graph.
+    pub group_by: flame::GroupBy,
     pub output: Option<PathBuf>,
     pub otlp_endpoint: Option<String>,
     /// Per-trace flame graphs or folded files written at most.
@@ -80,6 +99,8 @@ pub struct Options {
 /// What the command prints when it is done.
 pub struct Report {
     pub lines: Vec<String>,
+    /// What goes to stdout (`--format top` without an output file).
+    pub stdout: Option<String>,
 }
 
 /// `CAP_SYS_ADMIN`, `CAP_PERFMON`, `CAP_BPF`.
@@ -239,7 +260,7 @@ fn sample(
 ) -> Result<Report, Fatal> {
     let pid = opts.pid;
     let mut loaded =
-        kernel::Loaded::attach(opts.hz, opts.off_cpu, 1).map_err(ProfileError::from)?;
+        kernel::Loaded::attach(opts.hz, opts.off_cpu.is_some(), 1).map_err(ProfileError::from)?;
     loaded.add_target(&plan).map_err(ProfileError::from)?;
     // A threadpool probe that cannot be attached does not stop the profile.
     let pool = pool.and_then(|p| match loaded.attach_threadpool(plan.tgid, &p) {
@@ -324,15 +345,24 @@ fn sample(
     let base = model::Profile {
         pid,
         hz: opts.hz,
-        off_cpu: opts.off_cpu,
+        off_cpu: opts.off_cpu.is_some(),
         period_ns: 1_000_000_000 / opts.hz.max(1),
         start_monotonic_ns,
         start_unix_ns,
         duration_ns,
         entries: Vec::new(),
     };
-    let profile = model::build(base, &samples, &names, &key_map, &thread_names);
+    let mut profile = model::build(base, &samples, &names, &key_map, &thread_names);
     let mut notes = Vec::new();
+    if opts.off_cpu == Some(OffCpu::Spans) {
+        let left_out = profile.keep_off_cpu_in_spans();
+        if left_out > 0 {
+            notes.push(format!(
+                "left out {:.3} s of idle waits (threads without spans, event loops in epoll); --off-cpu=all keeps them",
+                left_out as f64 / 1e9
+            ));
+        }
+    }
     match &names.perf_map {
         Some(path) => notes.push(format!("JavaScript frames named from {path}")),
         None if names.anonymous_frames > 0 => notes.push(format!(
@@ -360,8 +390,8 @@ fn sample(
         opts.hz,
         profile.on_cpu_samples(),
         profile.entries.iter().map(|e| e.tid).collect::<std::collections::HashSet<_>>().len(),
-        if opts.off_cpu { format!(", {:.3} s off CPU", profile.off_cpu_ns() as f64 / 1e9) } else { String::new() },
-        truncated_stacks(&on_cpu_stacks, opts.off_cpu.then_some(&off_cpu_stacks)),
+        if opts.off_cpu.is_some() { format!(", {:.3} s off CPU", profile.off_cpu_ns() as f64 / 1e9) } else { String::new() },
+        truncated_stacks(&on_cpu_stacks, opts.off_cpu.is_some().then_some(&off_cpu_stacks)),
     ));
     if pool.is_some() {
         let pool_samples = samples.iter().filter(|s| s.threadpool).count();
@@ -381,7 +411,20 @@ fn sample(
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("profile-{pid}.{}", opts.format.extension())));
-    if opts.format == Format::Jsonl {
+    let mut stdout = None;
+    if opts.format == Format::Top {
+        let text = top::tables(&profile);
+        match &opts.output {
+            Some(path) => {
+                std::fs::write(path, text).map_err(|source| ProfileError::Write {
+                    path: path.clone(),
+                    source,
+                })?;
+                lines.push(format!("wrote {}", path.display()));
+            }
+            None => stdout = Some(text),
+        }
+    } else if opts.format == Format::Jsonl {
         let mut text = String::new();
         let mut sorted: Vec<&kernel::Sample> = samples.iter().collect();
         sorted.sort_by_key(|s| s.time_ns);
@@ -413,7 +456,7 @@ fn sample(
     if let Some(sig) = crate::signals::requested() {
         lines.push(format!("ended by signal {sig}"));
     }
-    Ok(Report { lines })
+    Ok(Report { lines, stdout })
 }
 
 /// CPU time this process used so far (user and system), in nanoseconds.
@@ -498,11 +541,16 @@ fn write(
             )?;
             lines.push(format!("wrote {}", output.display()));
         }
-        Format::Jsonl => unreachable!("written from the raw samples"),
+        Format::Jsonl | Format::Top => unreachable!("written from the raw samples or printed"),
         Format::Folded | Format::Svg => {
             let ext = opts.format.extension();
-            let title = format!("pid {} on and off CPU by thread and span", profile.pid);
-            let whole = flame::folded(profile);
+            let title = format!(
+                "pid {}: {} {}",
+                profile.pid,
+                if profile.off_cpu { "CPU and off-CPU time" } else { "CPU" },
+                opts.group_by.title()
+            );
+            let whole = flame::folded(profile, opts.group_by);
             let subtitle = Some(format!(
                 "{} Hz, {:.1} s; values in microseconds",
                 profile.hz,
