@@ -105,7 +105,8 @@ enum Expect {
         span: String,
         flags: u64,
     },
-    Invalid,
+    /// valid = 0 (the fixture's "invalid" role): the thread runs no span.
+    Idle,
     Null,
     Untouched,
     Garbage,
@@ -146,7 +147,7 @@ fn spawn(program: &str, args: &[&str]) -> Fixture {
         }
         ["expect", tid, role] => {
             let e = match *role {
-                "invalid" => Expect::Invalid,
+                "invalid" => Expect::Idle,
                 "null" => Expect::Null,
                 "untouched" => Expect::Untouched,
                 "garbage" => Expect::Garbage,
@@ -217,8 +218,9 @@ fn assert_threads(report: &Value, f: &Fixture, path: &str) {
                 assert_eq!(t["record"]["span_id"], *span);
                 assert_eq!(t["record"]["trace_flags"], *flags);
             }
-            Expect::Invalid => {
-                assert_eq!(status, "invalid", "{t:#}");
+            Expect::Idle => {
+                assert_eq!(status, "idle", "{t:#}");
+                assert_eq!(t["reason"], "idle (no span)", "{t:#}");
                 assert_eq!(t["record"]["valid"], 0);
                 assert!(t["record"]["trace_id"].is_null());
             }

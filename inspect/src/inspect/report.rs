@@ -213,7 +213,9 @@ pub struct AttributeInfo {
 pub enum ThreadStatus {
     /// The record names a span.
     Valid,
-    /// A record is there, but valid != 1 or an id is all zero.
+    /// A record is there with valid = 0: the thread runs no span now.
+    Idle,
+    /// A record is there, but valid is neither 0 nor 1, or an id is all zero.
     Invalid,
     /// No record: the pointer is NULL, the thread has no TLS block, or the
     /// process publishes no thread context.
@@ -231,6 +233,7 @@ impl ThreadStatus {
     pub fn as_str(self) -> &'static str {
         match self {
             ThreadStatus::Valid => "valid",
+            ThreadStatus::Idle => "idle",
             ThreadStatus::Invalid => "invalid",
             ThreadStatus::NoRecord => "no-record",
             ThreadStatus::NoSpan => "no-span",
@@ -482,6 +485,7 @@ fn thread_info(
             let reason = conformance::record(f, tid, &rec.header);
             let status = match reason {
                 None => ThreadStatus::Valid,
+                Some(_) if rec.header.valid == 0 => ThreadStatus::Idle,
                 Some(_) => ThreadStatus::Invalid,
             };
             (status, reason, Some(record_info(f, tid, &rec, key_map)))
