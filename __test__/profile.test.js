@@ -76,7 +76,7 @@ test('profile', { skip: skip ?? false }, async (t) => {
 
   await t.test('pprof: on- and off-CPU samples carry the span, route and thread they ran in', async (t) => {
     const out = path.join(tmp, 'run.pb.gz');
-    const r = await profile(['--duration', '3', '--off-cpu', '-o', out]);
+    const r = await profile(['--duration', '3', '--off-cpu=all', '-o', out]);
     assert.strictEqual(r.code, 0, r.stderr);
     assert.match(r.stderr, /JavaScript frames named from \/tmp\/perf-\d+\.map/);
     const go = goTool();
@@ -84,6 +84,8 @@ test('profile', { skip: skip ?? false }, async (t) => {
     const raw = spawnSync(go, ['tool', 'pprof', '-raw', out], { encoding: 'utf8' });
     assert.strictEqual(raw.status, 0, raw.stderr);
     const { samples, locations } = rawSamples(raw.stdout);
+    // CPU is the first sample type and the one a viewer opens on.
+    assert.match(raw.stdout, /Samples:\n\s*cpu\/nanoseconds\[dflt\]\s+samples\/count\s+off_cpu\/nanoseconds\n/);
     const onCpu = samples.filter((s) => s.values.samples > 0);
     const offCpu = samples.filter((s) => s.values.off_cpu > 0);
     // Every on-CPU sample of a span ran on the thread that owns the span,
@@ -96,6 +98,10 @@ test('profile', { skip: skip ?? false }, async (t) => {
         assert.strictEqual(s.labels['thread.id'], String(tid));
         assert.strictEqual(s.labels.trace_id, span.traceId);
         assert.strictEqual(s.labels['http.route'], span.route);
+        assert.strictEqual(s.labels.trace_endpoint, span.route);
+        assert.strictEqual(s.labels.span_name, span.name);
+        // Each of these spans is the first of its trace in the process.
+        assert.strictEqual(s.labels.local_root_span_id, span.spanId);
         assert.strictEqual(s.labels.state, 'running');
       }
     }
@@ -118,6 +124,22 @@ test('profile', { skip: skip ?? false }, async (t) => {
     const tags = spawnSync(go, ['tool', 'pprof', '-tags', out], { encoding: 'utf8' });
     assert.match(tags.stdout, /http\.route/);
     assert.match(tags.stdout, new RegExp(main.wait.spanId));
+  });
+
+  await t.test('pprof with --off-cpu: the idle waits of helper threads and event loops are left out', async (t) => {
+    const out = path.join(tmp, 'spans.pb.gz');
+    const r = await profile(['--duration', '2', '--off-cpu', '-o', out]);
+    assert.strictEqual(r.code, 0, r.stderr);
+    assert.match(r.stderr, /left out [\d.]+ s of idle waits/);
+    const go = goTool();
+    if (!go) return t.skip('no Go toolchain: go tool pprof cannot read the profile');
+    const raw = spawnSync(go, ['tool', 'pprof', '-raw', out], { encoding: 'utf8' });
+    assert.strictEqual(raw.status, 0, raw.stderr);
+    const offCpu = rawSamples(raw.stdout).samples.filter((s) => s.values.off_cpu > 0);
+    assert.ok(offCpu.some((s) => s.labels.span_id === main.wait.spanId), 'the wait in a span is kept');
+    for (const s of offCpu) {
+      assert.ok([String(main.tid), String(worker.tid)].includes(s.labels['thread.id']), `a thread without spans: ${JSON.stringify(s)}`);
+    }
   });
 
   await t.test('otlp: the file and the receiver get the Resource, links and thread attributes', async () => {
@@ -164,6 +186,8 @@ test('profile', { skip: skip ?? false }, async (t) => {
         assert.ok(span, `link to an unknown span ${spanId}`);
         assert.strictEqual(link.traceId.toString('hex'), span.traceId);
         assert.strictEqual(attrs(s)['http.route'], span.route);
+        assert.strictEqual(attrs(s)['span.name'], span.name);
+        assert.strictEqual(attrs(s)['local_root.span_id'], span.spanId);
         assert.strictEqual(attrs(s)['thread.id'], span === worker.span ? worker.tid : main.tid);
         assert.strictEqual(s.values.length, s.timestampsUnixNano.length);
       }
@@ -173,26 +197,28 @@ test('profile', { skip: skip ?? false }, async (t) => {
 
   await t.test('svg on SIGINT: whole-run and per-trace flame graphs are written', async () => {
     const out = path.join(tmp, 'run.svg');
-    const r = await profile(['--duration', '60', '--format', 'svg', '-o', out], { signalAfterMs: 2000 });
+    const r = await profile(['--duration', '60', '--format', 'svg', '--group-by', 'thread', '-o', out], { signalAfterMs: 2000 });
     assert.strictEqual(r.code, 0, r.stderr);
     assert.match(r.stderr, /ended by signal 2/);
     const whole = fs.readFileSync(out, 'utf8');
     assert.match(whole, /<svg/);
-    assert.match(whole, new RegExp(`span ${main.cpu.spanId} http.route=/main/cpu`));
-    const perTrace = path.join(tmp, `run.${worker.span.traceId}.svg`);
-    assert.match(fs.readFileSync(perTrace, 'utf8'), new RegExp(`trace ${worker.span.traceId} \\(/worker/cpu\\)`));
+    assert.match(whole, /pid \d+: CPU by thread and span/);
+    assert.match(whole, new RegExp(`<title>cpu \\(${main.cpu.spanId}\\) `));
+    const perTrace = fs.readFileSync(path.join(tmp, `run.${worker.span.traceId}.svg`), 'utf8');
+    assert.match(perTrace, new RegExp(`worker /worker/cpu \\(trace ${worker.span.traceId}\\)`));
+    assert.match(perTrace, new RegExp(`<title>worker \\(${worker.span.spanId}\\) `));
   });
 
   await t.test('folded: a target that exits ends the profile normally', async () => {
     const out = path.join(tmp, 'run.folded');
-    const running = profile(['--duration', '60', '--format', 'folded', '-o', out]);
+    const running = profile(['--duration', '60', '--format', 'folded', '--group-by', 'thread', '-o', out]);
     await new Promise((resolve) => setTimeout(resolve, 1500));
     service.kill('SIGKILL');
     const r = await running;
     assert.strictEqual(r.code, 0, r.stderr);
     assert.match(r.stderr, new RegExp(`pid ${ids.pid} exited after`));
     const lines = fs.readFileSync(out, 'utf8').trim().split('\n');
-    assert.ok(lines.some((l) => l.includes(`span ${worker.span.spanId} http.route=/worker/cpu;`)), lines.slice(0, 5).join('\n'));
+    assert.ok(lines.some((l) => l.includes(`;worker (${worker.span.spanId});`)), lines.slice(0, 5).join('\n'));
     assert.ok(lines.every((l) => /^[^;]+ \(\d+\);/.test(l) && / \d+$/.test(l)));
   });
 });
