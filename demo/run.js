@@ -114,12 +114,18 @@ async function main() {
     const routes = recordRoutes({ stackEntries, profileSamples: profileRun?.samples ?? [], routeKeyIndex: listening.routeKeyIndex });
     const cpuSamplesPerThread = Math.round((STACK_HZ * sampledMs) / 1000);
     if (readerRun) {
-      const samples = readerRun.samples.map((s) => ({ tid: s.tid, count: 1, traceId: s.valid === 1 ? s.traceId : null, spanId: s.valid === 1 ? s.spanId : null }));
-      printTables({ label: 'reader (ptrace reads every thread each round: share of wall-clock time)', samples, threads, spans, routes });
+      // The reader's own tables: samples in a span by endpoint and span name.
+      const summary = readerRun.summary.split('\n');
+      const from = summary.findIndex((l) => l.startsWith('ENDPOINT'));
+      console.log('\notel-thread-ctx sample (ptrace reads every thread each round: share of the samples in a span)');
+      for (const line of from < 0 ? summary : summary.slice(from)) console.log(`  ${line}`);
+    }
+    if (profileRun?.top) {
+      console.log('\notel-thread-ctx profile --format top (eBPF: CPU, and off-CPU time in spans)');
+      for (const line of profileRun.top.trimEnd().split('\n')) console.log(`  ${line}`);
     }
     if (profileRun) {
-      printTables({ label: 'otel-thread-ctx profile (eBPF on-CPU samples: share of CPU time)', samples: profileRun.samples, threads, spans, routes, cpuSamplesPerThread });
-      console.log('\nprofile: flame graphs (whole run on and off CPU by thread and span, and the top traces):');
+      console.log('\nprofile: flame graphs (whole run by endpoint, and the top traces):');
       for (const line of profileRun.summary) console.log(`  ${line}`);
       for (const f of fs.readdirSync(OUT).sort()) console.log(`  ${path.relative(process.cwd(), path.join(OUT, f))}`);
     }

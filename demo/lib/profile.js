@@ -1,6 +1,7 @@
 'use strict';
-// The reader's eBPF `profile` command on the demo service: flame graphs and
-// one JSON line per sample, both over the same interval.
+// The reader's eBPF `profile` command on the demo service: flame graphs,
+// the `--format top` tables and one JSON line per sample, all over the same
+// interval.
 
 const fs = require('node:fs');
 const path = require('node:path');
@@ -11,9 +12,10 @@ const { track } = require('./processes');
 const { interrupt } = require('../../tools/subprocess');
 
 /**
- * Runs `profile` twice on `pid` (flame graphs, and one JSON line per sample)
- * writing into `outDir`, until `stop()`; `done` resolves with their summary
- * lines and the on-CPU samples [{tid, count, traceId, spanId, route}].
+ * Runs `profile` three times on `pid` (flame graphs, the tables of
+ * `--format top`, and one JSON line per sample) writing into `outDir`,
+ * until `stop()`; `done` resolves with their summary lines, the tables'
+ * text and the on-CPU samples [{tid, count, traceId, spanId, route}].
  */
 function startProfile(pid, { hz, durationS, outDir }) {
   const run = (format, file) => {
@@ -25,7 +27,8 @@ function startProfile(pid, { hz, durationS, outDir }) {
     return { child, done };
   };
   const samplesFile = path.join(outDir, 'samples.jsonl');
-  const runs = [run('svg', 'profile.svg'), run('jsonl', 'samples.jsonl')];
+  const topFile = path.join(outDir, 'top.txt');
+  const runs = [run('svg', 'profile.svg'), run('top', 'top.txt'), run('jsonl', 'samples.jsonl')];
   return {
     stop() {
       for (const r of runs) interrupt(r.child);
@@ -38,7 +41,11 @@ function startProfile(pid, { hz, durationS, outDir }) {
         }
         fs.rmSync(samplesFile);
       }
-      return { samples, summary: results.flatMap((r) => r.stderr.trim().split('\n').filter((l) => l && !/^thread context|samples\.jsonl/.test(l))) };
+      const top = fs.existsSync(topFile) ? fs.readFileSync(topFile, 'utf8') : null;
+      fs.rmSync(topFile, { force: true });
+      // One run's summary says it all: the three ran over the same interval.
+      const summary = results[0].stderr.trim().split('\n').filter((l) => l && !/^thread context/.test(l));
+      return { samples, top, summary };
     }),
   };
 }
