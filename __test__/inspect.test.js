@@ -120,7 +120,7 @@ test.before(() => {
   }
 });
 
-test('inspect reads the span of each parked thread, then only invalid records once the loops idle', async (t) => {
+test('inspect reads the span of each parked thread, then no span once the loops idle', async (t) => {
   const { child, next } = startChild(t);
   const parked = await next('parked');
   assert.strictEqual(parked.phase, 'parked');
