@@ -58,6 +58,8 @@ class LocalRoot {
     this.values = new Map();
     /** Keys whose value came from the local root itself (it then wins). */
     this.fromRoot = new Set();
+    /** Its entries as the publishing schema encodes them, per version (span-attributes.js). */
+    this.encoded = null;
     /** The span id as published bytes (set at its first encoding). */
     this.spanIdBytes = undefined;
     /** Frame mode: the live records of the tree, rewritten on a change. */

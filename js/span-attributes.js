@@ -68,6 +68,46 @@ function valueBytesOf(text) {
   return bytes;
 }
 
+const EMPTY_BYTES = new Uint8Array(0);
+
+/** Entries being encoded: key indexes and value bytes, within `capacity` bytes. */
+class Entries {
+  constructor(capacity) {
+    this.capacity = capacity;
+    this.size = 0;
+    this.indexes = [];
+    this.values = [];
+  }
+
+  /** Whether an entry with `valueBytes` still fits (one that does not is left out whole). */
+  fits(valueBytes) {
+    return this.size + 2 + valueBytes.length <= this.capacity;
+  }
+
+  push(index, valueBytes) {
+    this.indexes.push(index);
+    this.values.push(valueBytes);
+    this.size += 2 + valueBytes.length;
+  }
+
+  /** `prefix` followed by these entries, as attrs_data bytes. */
+  bytes(prefix) {
+    const out = new Uint8Array(prefix.length + this.size);
+    // Byte loops: a typed array's set() costs more than these few bytes.
+    let offset = 0;
+    for (; offset < prefix.length; offset++) out[offset] = prefix[offset];
+    for (let i = 0; i < this.indexes.length; i++) {
+      const value = this.values[i];
+      out[offset] = this.indexes[i];
+      out[offset + 1] = value.length;
+      offset += 2;
+      for (let k = 0; k < value.length; k++) out[offset + k] = value[k];
+      offset += value.length;
+    }
+    return out;
+  }
+}
+
 /** The key of the span's name in the key map. */
 const SPAN_NAME_KEY = abi.attrs.spanNameKey;
 /** The key of the local root span's id (16 lowercase hex digits). */
@@ -187,47 +227,53 @@ class AttributeSchema {
     const spanAttributes = span.attributes;
     const attributesReadable = spanAttributes !== null && typeof spanAttributes === 'object';
     const seen = new Array(this.ownKeys.length);
-    // Key indexes and value bytes of the entries that fit, in order.
-    const indexes = [];
-    const values = [];
-    let size = 0;
-    const addBytes = (position, valueBytes) => {
-      // An attribute that does not fit is left out whole; the record
-      // never grows past the record's size.
-      if (size + 2 + valueBytes.length > capacity) return;
-      const index = this.keyIndex(position);
-      if (index < 0) return;
-      indexes.push(index);
-      values.push(valueBytes);
-      size += 2 + valueBytes.length;
-    };
-    const add = (position, value) => {
-      const text = attributeText(value);
-      if (text !== undefined) addBytes(position, valueBytesOf(text));
-    };
     const root = this.needsRoot ? localRootOf(span) : null;
-    if (root !== null) {
-      if (this.localRootSpanId && root.spanId !== '') addBytes(0, (root.spanIdBytes ??= Buffer.from(root.spanId, 'latin1')));
-      for (let i = 0; i < this.endpointKeys.length; i++) add(this.endpointPositions[i], root.values.get(this.endpointKeys[i]));
-    }
+    // The local root's entries are the same for every span of its tree:
+    // encoded once per change of the root, not per span.
+    const prefix = root === null ? EMPTY_BYTES : this.rootEntries(root);
+    const entries = new Entries(prefix.length <= capacity ? capacity - prefix.length : capacity);
+    if (prefix.length > capacity) this.addRootEntries(entries, root);
     const name = this.spanName ? span.name : undefined;
-    if (this.spanName) add(this.spanNamePosition, name);
+    if (this.spanName) this.add(entries, this.spanNamePosition, name);
     if (attributesReadable) {
       for (let i = 0; i < this.ownKeys.length; i++) {
         const value = spanAttributes[this.ownKeys[i]];
         seen[i] = value;
-        add(this.ownPositions[i], value);
+        this.add(entries, this.ownPositions[i], value);
       }
     }
-    const bytes = new Uint8Array(size);
-    let offset = 0;
-    for (let i = 0; i < indexes.length; i++) {
-      bytes[offset] = indexes[i];
-      bytes[offset + 1] = values[i].length;
-      bytes.set(values[i], offset + 2);
-      offset += 2 + values[i].length;
-    }
+    const bytes = entries.bytes(prefix.length <= capacity ? prefix : EMPTY_BYTES);
     return new EncodedAttributes(spanAttributes, seen, bytes, span, name, root);
+  }
+
+  /** Adds the entry of `value` at key `position` if it is publishable and fits. */
+  add(entries, position, value) {
+    const text = attributeText(value);
+    if (text === undefined) return;
+    const valueBytes = valueBytesOf(text);
+    if (!entries.fits(valueBytes)) return;
+    const index = this.keyIndex(position);
+    if (index >= 0) entries.push(index, valueBytes);
+  }
+
+  addRootEntries(entries, root) {
+    if (this.localRootSpanId && root.spanId !== '') {
+      const id = (root.spanIdBytes ??= Buffer.from(root.spanId, 'latin1'));
+      const index = entries.fits(id) ? this.keyIndex(0) : -1;
+      if (index >= 0) entries.push(index, id);
+    }
+    for (let i = 0; i < this.endpointKeys.length; i++) this.add(entries, this.endpointPositions[i], root.values.get(this.endpointKeys[i]));
+  }
+
+  /** The encoded entries of `root` (its id, its endpoint), cached on it per version. */
+  rootEntries(root) {
+    const cached = root.encoded;
+    if (cached !== null && cached.schema === this && cached.version === root.version) return cached.bytes;
+    const entries = new Entries(ATTRS_CAPACITY);
+    this.addRootEntries(entries, root);
+    const bytes = entries.bytes(EMPTY_BYTES);
+    root.encoded = { schema: this, version: root.version, bytes };
+    return bytes;
   }
 
   /**
