@@ -54,16 +54,21 @@ class LocalRoot {
     this.spanId = spanId;
     /** Bumped whenever `values` changes. */
     this.version = 0;
-    /** Endpoint values by key (text). */
-    this.values = new Map();
-    /** Keys whose value came from the local root itself (it then wins). */
-    this.fromRoot = new Set();
+    /** Endpoint values by key (text); null until the first one. */
+    this.values = null;
+    /** Keys whose value came from the local root itself (it then wins); null until one did. */
+    this.fromRoot = null;
     /** Its entries as the publishing schema encodes them, per version (span-attributes.js). */
     this.encoded = null;
     /** The span id as published bytes (set at its first encoding). */
     this.spanIdBytes = undefined;
     /** Frame mode: the live records of the tree, rewritten on a change. */
     this.records = null;
+  }
+
+  /** The endpoint value of `key`, or undefined. */
+  value(key) {
+    return this.values === null ? undefined : this.values.get(key);
   }
 
   /** Takes the endpoint attributes `span` (of this tree) carries now. Cannot throw. */
@@ -75,10 +80,10 @@ class LocalRoot {
       let bumped = false;
       for (const key of endpointKeys) {
         const text = attributeText(attributes[key]);
-        if (text === undefined || (!own && this.fromRoot.has(key))) continue;
-        if (own) this.fromRoot.add(key);
-        if (this.values.get(key) === text) continue;
-        this.values.set(key, text);
+        if (text === undefined || (!own && this.fromRoot !== null && this.fromRoot.has(key))) continue;
+        if (own) (this.fromRoot ??= new Set()).add(key);
+        if (this.values !== null && this.values.get(key) === text) continue;
+        (this.values ??= new Map()).set(key, text);
         bumped = true;
       }
       if (bumped) {

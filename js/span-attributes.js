@@ -70,6 +70,13 @@ function valueBytesOf(text) {
 
 const EMPTY_BYTES = new Uint8Array(0);
 
+/** The bytes of an ASCII string (a hex id), without a Buffer. */
+function asciiBytes(text) {
+  const bytes = new Uint8Array(text.length);
+  for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+  return bytes;
+}
+
 /** Entries being encoded: key indexes and value bytes, within `capacity` bytes. */
 class Entries {
   constructor(capacity) {
@@ -258,11 +265,11 @@ class AttributeSchema {
 
   addRootEntries(entries, root) {
     if (this.localRootSpanId && root.spanId !== '') {
-      const id = (root.spanIdBytes ??= Buffer.from(root.spanId, 'latin1'));
+      const id = (root.spanIdBytes ??= asciiBytes(root.spanId));
       const index = entries.fits(id) ? this.keyIndex(0) : -1;
       if (index >= 0) entries.push(index, id);
     }
-    for (let i = 0; i < this.endpointKeys.length; i++) this.add(entries, this.endpointPositions[i], root.values.get(this.endpointKeys[i]));
+    for (let i = 0; i < this.endpointKeys.length; i++) this.add(entries, this.endpointPositions[i], root.value(this.endpointKeys[i]));
   }
 
   /** The encoded entries of `root` (its id, its endpoint), cached on it per version. */

@@ -78,6 +78,7 @@ class SpanRecord {
     this.size = size;
     /** The slab's words (one view shared by its records) and this record's first word. */
     this.words = slabWords(buffer);
+    this.bytes = slabBytes(buffer);
     this.base = byteOffset / 4;
     this.span = span;
     /** record-view's entry: the ids as words, flags, tail word. */
@@ -101,6 +102,7 @@ let schema = null;
 /** The slab records are carved from now, its words, and how much of it is used. */
 let slab = null;
 let slabWordsView = null;
+let slabBytesView = null;
 let slabUsed = 0;
 
 /** The Uint32Array over `buffer` its records write through (one per slab: no view per span). */
@@ -108,11 +110,17 @@ function slabWords(buffer) {
   return buffer === slab ? slabWordsView : new Uint32Array(buffer);
 }
 
+/** The Uint8Array over `buffer` its records' attributes are written through. */
+function slabBytes(buffer) {
+  return buffer === slab ? slabBytesView : new Uint8Array(buffer);
+}
+
 /** A zeroed record of `size` bytes (a multiple of RECORD_ALIGN): [buffer, byteOffset]. */
 function allocate(size) {
   if (slab === null || slabUsed + size > SLAB_BYTES) {
     slab = binding.frameSpanRecord(SLAB_BYTES);
     slabWordsView = new Uint32Array(slab);
+    slabBytesView = new Uint8Array(slab);
     slabUsed = 0;
   }
   const byteOffset = slabUsed;
@@ -147,7 +155,12 @@ function write(record, entry, attributes) {
   words[base + 5] = entry.w5;
   let tail = entry.tail;
   if (attributes !== null && attributes.bytes.length !== 0) {
-    new Uint8Array(record.buffer, record.byteOffset, record.size).set(attributes.bytes, offsets.attrsData);
+    // Through a byte view of the whole slab, shared by its records: a view
+    // per write would cost more than these few bytes.
+    const bytes = record.bytes;
+    const values = attributes.bytes;
+    const at = record.byteOffset + offsets.attrsData;
+    for (let i = 0; i < values.length; i++) bytes[at + i] = values[i];
     tail = view.tailWord(entry.traceFlags, attributes.bytes.length);
   }
   words[base + TAIL_INDEX_U32] = tail;
