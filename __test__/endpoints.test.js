@@ -15,20 +15,12 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const protobuf = require('protobufjs');
-const { jsonLines, exited } = require('./helpers');
+const { jsonLines, exited, profileUnavailable } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'express-service.js');
 const ROUTE = '/sort';
 const SHARE = 0.95;
-
-function profileUnavailable() {
-  if (READER === null) return 'the reader is not built (npm install builds it)';
-  if (process.getuid() !== 0) return 'profile loads BPF programs: run the tests as root';
-  const probe = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
-  if (/no kernel sampler/.test(probe.stderr)) return probe.stderr.trim();
-  return null;
-}
 
 function goTool() {
   for (const go of ['go', '/usr/local/go/bin/go']) {
@@ -129,7 +121,7 @@ test('endpoints', { skip: READER === null ? 'the reader is not built' : false },
     assert.match(text.stdout, /\nENDPOINT\s+SAMPLES\s+SHARE%\n\/sort\s+\d+/);
   });
 
-  const skipProfile = profileUnavailable();
+  const skipProfile = profileUnavailable(READER);
   const go = goTool();
 
   await t.test('pprof: go tool pprof -tags shows the endpoint of the route\'s stacks', { skip: skipProfile ?? (go ? false : 'no Go toolchain') }, async () => {
