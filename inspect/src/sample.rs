@@ -12,13 +12,13 @@ use crate::error::Fatal;
 use crate::process_context;
 use crate::ptrace::Tracer;
 use crate::record::decode_attributes;
-use otel_thread_ctx_abi::attrs;
 use crate::schema::nodejs::{self, Reason};
 use crate::schema::Schema;
 use crate::signals;
 use crate::target::Target;
 use crate::thread::{self, Outcome, Plans};
 use crate::tls::{self, TlsError};
+use otel_thread_ctx_abi::attrs;
 
 /// Layout version of the JSON summary.
 pub const SCHEMA: &str = "otel-thread-ctx.sample/v1";

@@ -111,10 +111,7 @@ pub fn folded(p: &Profile, group_by: GroupBy) -> Vec<String> {
         let levels = match group_by {
             GroupBy::Endpoint => vec![endpoint_label(e)],
             GroupBy::Span => vec![span_name_label(e)],
-            GroupBy::Thread => vec![
-                format!("{} ({})", e.thread_name, e.tid),
-                span_label(e),
-            ],
+            GroupBy::Thread => vec![format!("{} ({})", e.thread_name, e.tid), span_label(e)],
             GroupBy::None => Vec::new(),
         };
         *lines.entry(stack(p, e, levels)).or_default() += micros(e);
@@ -314,7 +311,10 @@ mod tests {
     fn other_groupings_name_the_span_the_thread_or_nothing() {
         let p = crate::profile::model::tests::profile();
         let by_span = folded(&p, GroupBy::Span);
-        assert!(by_span.iter().any(|l| l.starts_with("sort;[on-cpu];main")), "{by_span:#?}");
+        assert!(
+            by_span.iter().any(|l| l.starts_with("sort;[on-cpu];main")),
+            "{by_span:#?}"
+        );
         let by_thread = folded(&p, GroupBy::Thread);
         assert!(
             by_thread
@@ -323,7 +323,11 @@ mod tests {
             "{by_thread:#?}"
         );
         let flat = folded(&p, GroupBy::None);
-        assert!(flat.iter().all(|l| l.starts_with("[on-cpu];") || l.starts_with("[off-cpu];")), "{flat:#?}");
+        assert!(
+            flat.iter()
+                .all(|l| l.starts_with("[on-cpu];") || l.starts_with("[off-cpu];")),
+            "{flat:#?}"
+        );
     }
 
     #[test]
@@ -335,7 +339,10 @@ mod tests {
             traces[0].title,
             "sort /a (trace 07070707070707070707070707070707)"
         );
-        assert!(traces[0].lines.iter().any(|l| l.starts_with("sort (0707070707070707);")));
+        assert!(traces[0]
+            .lines
+            .iter()
+            .any(|l| l.starts_with("sort (0707070707070707);")));
         assert_eq!(traces[0].total_us, 20_000 + 5);
         let svg =
             String::from_utf8(svg(&traces[0].lines, &traces[0].title, None).unwrap()).unwrap();

@@ -547,7 +547,11 @@ fn write(
             let title = format!(
                 "pid {}: {} {}",
                 profile.pid,
-                if profile.off_cpu { "CPU and off-CPU time" } else { "CPU" },
+                if profile.off_cpu {
+                    "CPU and off-CPU time"
+                } else {
+                    "CPU"
+                },
                 opts.group_by.title()
             );
             let whole = flame::folded(profile, opts.group_by);

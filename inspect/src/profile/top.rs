@@ -166,6 +166,10 @@ mod tests {
         let leaf = line("leaf ");
         assert!(leaf.contains(" 30.0  100.0 "), "{leaf}");
         assert!(!text.contains("\nmain "), "main is never self: {text}");
-        assert!(text.contains("ENDPOINT") && text.contains("SPAN NAME") && text.contains("FUNCTION (on CPU)"));
+        assert!(
+            text.contains("ENDPOINT")
+                && text.contains("SPAN NAME")
+                && text.contains("FUNCTION (on CPU)")
+        );
     }
 }
