@@ -62,10 +62,10 @@ test('profile: whole user stacks', { skip: skip ?? false }, async (t) => {
       fs.rmSync(`/tmp/perf-${ids.pid}.map`, { force: true });
     });
     const out = path.join(tmp, 'node.folded');
-    const r = await profile(ids.pid, ['--duration', '4', '--off-cpu', '--format', 'folded', '-o', out], tmp);
+    const r = await profile(ids.pid, ['--duration', '4', '--off-cpu=all', '--format', 'folded', '--group-by', 'thread', '-o', out], tmp);
     assert.strictEqual(r.code, 0, r.stderr);
     const lines = folded(out);
-    const inSpan = (name) => (l) => l.span.startsWith(`span ${ids.spans[name].spanId} `) && l.thread.endsWith(`(${ids.tid})`);
+    const inSpan = (name) => (l) => l.span.endsWith(` (${ids.spans[name].spanId})`) && l.thread.endsWith(`(${ids.tid})`);
     for (const name of ['waitOnAtomics', 'readFromFifo', 'runChildProcess']) {
       const blocked = lines.filter((l) => l.cpu === '[off-cpu]' && inSpan(name)(l));
       const total = sum(blocked);
@@ -105,7 +105,7 @@ test('profile: whole user stacks', { skip: skip ?? false }, async (t) => {
     });
     const pid = await new Promise((resolve) => target.stdout.once('data', (d) => resolve(Number(String(d).trim()))));
     const out = path.join(tmp, 'native.folded');
-    const r = await profile(pid, ['--duration', '3', '--off-cpu', '--format', 'folded', '-o', out], tmp);
+    const r = await profile(pid, ['--duration', '3', '--off-cpu=all', '--format', 'folded', '--group-by', 'thread', '-o', out], tmp);
     assert.strictEqual(r.code, 0, r.stderr);
     const lines = folded(out);
     const nested = (names) => (l) => {
