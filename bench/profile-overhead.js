@@ -114,7 +114,7 @@ async function once(opts, profiled) {
       opts.sampler === 'sample'
         ? ['sample', '--pid', String(pid), '--duration', '600', '--hz', String(opts.hz), '--json']
         : ['profile', '--pid', String(pid), '--duration', '600', '--hz', String(opts.hz), '-o', '/dev/null'];
-    if (opts.offCpu) args.push('--off-cpu');
+    if (opts.offCpu && opts.sampler === 'profile') args.push('--off-cpu');
     // `sample` under GNU time, which prints the reader's own user and system
     // CPU seconds last on stderr (`profile` reports its own per sample, and
     // holds the BPF programs whose counters are read below).
