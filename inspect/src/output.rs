@@ -319,17 +319,8 @@ pub fn sample(s: &Summary) -> String {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "{:<8} {:<16} {:>8} {:>7} {:>6}  {:<32} {:<16} {:>7}  {:<24} {}",
-        "TID",
-        "NAME",
-        "SAMPLES",
-        "IDLE%",
-        "ERRORS",
-        "TRACE_ID",
-        "SPAN_ID",
-        "SHARE%",
-        "SPAN_NAME",
-        "ENDPOINT"
+        "{:<8} {:<16} {:>8} {:>7} {:>6}  {:<32} {:<16} {:>7}  {:<24} ENDPOINT",
+        "TID", "NAME", "SAMPLES", "IDLE%", "ERRORS", "TRACE_ID", "SPAN_ID", "SHARE%", "SPAN_NAME",
     );
     let label = |v: &Option<String>| v.as_deref().map_or("-".into(), escape).into_owned();
     for t in &s.threads {
