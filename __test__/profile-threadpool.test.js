@@ -213,7 +213,7 @@ test('pprof and folded outputs mark pool samples; --no-threadpool turns it off',
   const off = path.join(tmp, 'off.jsonl');
   const runs = [
     profile(service.pid, ['--hz', String(HZ), '-o', pprof]),
-    profile(service.pid, ['--hz', String(HZ), '--format', 'folded', '-o', folded]),
+    profile(service.pid, ['--hz', String(HZ), '--format', 'folded', '--group-by', 'thread', '-o', folded]),
     profile(service.pid, ['--hz', String(HZ), '--format', 'jsonl', '--no-threadpool', '-o', off]),
   ];
   await attached();
@@ -232,13 +232,13 @@ test('pprof and folded outputs mark pool samples; --no-threadpool turns it off',
   const lines = fs.readFileSync(folded, 'utf8').split('\n').filter(Boolean);
   const pool = lines.filter((l) => l.split(';')[2] === '[threadpool]');
   assert.ok(pool.length > 0, lines.slice(0, 5).join('\n'));
-  const spanOf = (l) => l.split(';')[1].match(/^span ([0-9a-f]{16})/)?.[1];
+  const spanOf = (l) => l.split(';')[1].match(/\(([0-9a-f]{16})\)$/)?.[1];
   assert.ok(pool.every((l) => spans.has(spanOf(l))), pool.filter((l) => !spans.has(spanOf(l))).join('\n'));
   // Per-trace files hold the pool thread's CPU.
   const traceFile = path.join(tmp, `pool.${flights[0].traceId}.folded`);
   const traceLines = fs.readFileSync(traceFile, 'utf8').split('\n').filter(Boolean);
   assert.ok(
-    traceLines.some((l) => l.startsWith(`span ${flights[0].spanId} http.route=/pbkdf2;[threadpool];`)),
+    traceLines.some((l) => l.startsWith(`/pbkdf2 (${flights[0].spanId});[threadpool];`)),
     traceLines.slice(0, 5).join('\n'),
   );
 

@@ -151,14 +151,17 @@ pub struct Profile {
 impl Profile {
     /// Leaves out off-CPU time that is not waiting inside the application's
     /// work: waits with no span published on threads that never published
-    /// one in the run (V8 platform workers, idle pool threads) and the
-    /// idle waits of the others (an event loop waiting for I/O). Returns
-    /// the nanoseconds left out.
+    /// one of their own in the run (V8 platform workers, pool threads
+    /// waiting for work) and the idle waits of the others (an event loop
+    /// waiting for I/O). Returns the nanoseconds left out.
     pub fn keep_off_cpu_in_spans(&mut self) -> u64 {
+        // Threads that published a span of their own: a pool thread's work
+        // items carry the queuing thread's span, which does not make its
+        // waits for work the application's.
         let with_spans: std::collections::HashSet<u32> = self
             .entries
             .iter()
-            .filter(|e| e.span.is_some())
+            .filter(|e| e.span.is_some() && !e.threadpool)
             .map(|e| e.tid)
             .collect();
         let mut dropped = 0;
@@ -477,6 +480,21 @@ pub mod tests {
         let get = |k: &str| attrs.iter().find(|(key, _)| *key == k).map(|(_, v)| *v);
         assert_eq!(endpoint(get).as_deref(), Some("GET /sort"));
         assert_eq!(endpoint(|_| None), None);
+    }
+
+    #[test]
+    fn a_pool_thread_waiting_for_work_is_idle_even_after_work_items() {
+        let mut item = sample(Kind::OnCpu, 3, record(7, &[]), &[0x10], 0);
+        item.threadpool = true;
+        let wait = sample(Kind::OffCpu, 3, RecordRead::Null, &[0x10], 4_000);
+        let base = Profile {
+            off_cpu: true,
+            period_ns: 10_000_000,
+            ..Default::default()
+        };
+        let mut p = build(base, &[item, wait], &names(), &[], &HashMap::new());
+        assert_eq!(p.keep_off_cpu_in_spans(), 4_000);
+        assert_eq!(p.entries.len(), 1);
     }
 
     #[test]
