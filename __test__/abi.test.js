@@ -68,8 +68,17 @@ test('js/abi.js is the frozen layout of the contract', () => {
       maxKeys: 'number', mappingName: 'string', schemaVersionKey: 'string', keyMapKey: 'string',
       defaultSchemaVersion: 'string',
     },
+    nodeSchema: {
+      tlsSymbol: 'string', schemaVersion: 'string', size: 'number',
+      offsets: { cpedSlot: 'number', alsHandle: 'number', alsIdentityHash: 'number', undefinedAddr: 'number' },
+      defaultLayout: { jsObjectRecordOffset: 'number', taggedSize: 'number', jsMapTableOffset: 'number', orderedHashMapHeaderSize: 'number' },
+      layoutKeys: { 0: 'string', 1: 'string', 2: 'string', 3: 'string' },
+      tablePrefixWords: 'number', entryWords: 'number', notFound: 'number', maxChainHops: 'number',
+      maxBuckets: 'number', heapObjectTag: 'number', smiShift: 'number',
+    },
   });
   assert.ok(Object.isFrozen(abi) && Object.isFrozen(abi.record.offsets) && Object.isFrozen(abi.processContext));
+  assert.ok(Object.isFrozen(abi.nodeSchema.offsets) && Object.isFrozen(abi.nodeSchema.layoutKeys));
   assert.strictEqual(threadInfo().recordSize, abi.record.size);
   assert.strictEqual(abi.record.headerSize + abi.record.attrsCapacity, abi.record.size);
 });

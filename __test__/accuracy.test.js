@@ -5,52 +5,50 @@
 // floors here are loose enough not to flake on a loaded machine; the real
 // figures come from `npm run bench:accuracy`.
 //
-// Needs root, bpftrace and BPF; skips with the reason otherwise.
+// Needs root, bpftrace and BPF; skips with the reason otherwise. Frame mode
+// needs AsyncLocalStorage on AsyncContextFrame (Node 24+).
 const test = require('node:test');
 const assert = require('node:assert');
 const { runAccuracy, formatRun } = require('../bench/accuracy/harness');
 const bpftrace = require('../tools/bpftrace');
 const reader = require('../bench/accuracy/reader');
+const { usesAsyncContextFrame } = require('../js/publish/frame');
 
 const FLOORS = { correct: 0.97, wrong: 0.01, offCpu: 0.95, idle: 0.005 };
 const unavailable = bpftrace.unavailableReason();
 
-// The bpftrace sampler reads OTEP 4947 records (otel_thread_ctx_v1), which
-// record mode publishes on every Node line; frame mode is scored below by
-// the reader's samplers, which walk the Node.js schema.
-test('spans are attributed correctly by a kernel sampler, on and off CPU (record mode)', { skip: unavailable ?? false, timeout: 120000 }, async (t) => {
-  const samplers = ['bpftrace'];
-  if (reader.unavailableReason() === null) samplers.push('reader');
-  let r;
+// The bpftrace sampler reads OTEP 4947 records (otel_thread_ctx_v1) in
+// record mode, and in frame mode walks the Node.js schema itself
+// (tools/nodejs-walk.js): a third sampler, independent of our reader.
+async function runBpftrace(t, options) {
   try {
-    r = await runAccuracy({ samplers, mode: 'record', cpuMs: 6000, offMs: 3500, idleMs: 1500, readerHz: 97 });
+    return await runAccuracy({ cpuMs: 6000, offMs: 3500, idleMs: 1500, readerHz: 97, ...options });
   } catch (err) {
     if (/^bpftrace failed/.test(err.message)) {
       // A probe that cannot attach here (kernel config, lockdown): not our bug.
       console.log(`# skipped: ${err.message}`);
       t.skip(err.message);
-      return;
+      return null;
     }
     throw err;
   }
-  for (const line of formatRun(r)) t.diagnostic(line);
+}
 
+function assertOnCpu(label, score) {
+  for (const c of [score.overall, ...score.perThread]) {
+    const scored = c.correct + c.wrong + c.missing;
+    const name = `${label} thread ${c.tid ?? 'overall'}`;
+    assert.ok(scored >= (c.tid ? 20 : 200), `${name}: only ${scored} samples in segments`);
+    assert.ok(c.correct / scored >= FLOORS.correct, `${name}: ${c.correct}/${scored} correct`);
+    assert.ok(c.wrong / scored <= FLOORS.wrong, `${name}: ${c.wrong}/${scored} wrong`);
+  }
+}
+
+function assertBpftrace(r) {
   assert.strictEqual(r.clock.ok, true, `bpftrace nsecs and process.hrtime.bigint() disagree: ${JSON.stringify(r.clock)}`);
   assert.strictEqual(r.threads, 5);
   assert.strictEqual(r.bpftrace.lost, 0, 'bpftrace lost events');
-
-  const onCpu = (label, score) => {
-    for (const c of [score.overall, ...score.perThread]) {
-      const scored = c.correct + c.wrong + c.missing;
-      const name = `${label} thread ${c.tid ?? 'overall'}`;
-      assert.ok(scored >= (c.tid ? 20 : 200), `${name}: only ${scored} samples in segments`);
-      assert.ok(c.correct / scored >= FLOORS.correct, `${name}: ${c.correct}/${scored} correct`);
-      assert.ok(c.wrong / scored <= FLOORS.wrong, `${name}: ${c.wrong}/${scored} wrong`);
-    }
-  };
-  onCpu('bpftrace', r.bpftrace.onCpu);
-  if (r.reader) onCpu('reader', r.reader.onCpu);
-
+  assertOnCpu('bpftrace', r.bpftrace.onCpu);
   const off = r.bpftrace.offCpu;
   assert.ok(off.blocked.ns > 1_000_000_000n, `only ${off.blocked.ns} ns blocked`);
   for (const kind of ['atomics', 'fifo', 'exec', 'lock']) assert.ok(off.byKind[kind]?.ns > 0n, `no off-CPU time in ${kind} blocks`);
@@ -59,6 +57,28 @@ test('spans are attributed correctly by a kernel sampler, on and off CPU (record
   assert.ok(off.idle.ns > 500_000_000n, `only ${off.idle.ns} ns idle in the event loop`);
   const idleOnSpan = Number(off.idle.attributedNs) / Number(off.idle.ns);
   assert.ok(idleOnSpan <= FLOORS.idle, `idle: ${(idleOnSpan * 100).toFixed(3)}% of idle time attributed to a span`);
+}
+
+test('spans are attributed correctly by a kernel sampler, on and off CPU (record mode)', { skip: unavailable ?? false, timeout: 120000 }, async (t) => {
+  const samplers = ['bpftrace'];
+  if (reader.unavailableReason() === null) samplers.push('reader');
+  const r = await runBpftrace(t, { samplers, mode: 'record' });
+  if (r === null) return;
+  for (const line of formatRun(r)) t.diagnostic(line);
+  assert.strictEqual(r.mode, 'record');
+  assertBpftrace(r);
+  if (r.reader) assertOnCpu('reader', r.reader.onCpu);
+});
+
+const noFrame = usesAsyncContextFrame() ? null : 'AsyncLocalStorage does not run on AsyncContextFrame on this Node';
+
+test("bpftrace walking the Node.js schema attributes frame mode's spans correctly, on and off CPU", { skip: unavailable ?? noFrame ?? false, timeout: 120000 }, async (t) => {
+  const r = await runBpftrace(t, { samplers: ['bpftrace'], mode: 'frame' });
+  if (r === null) return;
+  for (const line of formatRun(r)) t.diagnostic(line);
+  assert.strictEqual(r.mode, 'frame', 'the workload did not publish in frame mode');
+  assert.ok(r.nodejs, 'bpftrace did not walk the Node.js schema');
+  assertBpftrace(r);
 });
 
 test("the reader's ptrace sampler attributes spans correctly in the manager's default mode", { skip: reader.unavailableReason() ?? false, timeout: 120000 }, async (t) => {

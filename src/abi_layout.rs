@@ -3,7 +3,7 @@
 //! them again (`js/abi.js` loads it once and freezes it).
 
 use napi_derive::napi;
-use otel_thread_ctx_abi::{attrs, process_context as pc, record};
+use otel_thread_ctx_abi::{attrs, node_schema as node, process_context as pc, record};
 
 /// Byte offsets of the record fields.
 #[napi(object)]
@@ -51,12 +51,52 @@ pub struct ProcessContextLayout {
     pub default_schema_version: String,
 }
 
+/// Byte offsets of the fields of the Node.js schema's thread block.
+#[napi(object)]
+pub struct NodeSchemaOffsets {
+    pub cped_slot: u32,
+    pub als_handle: u32,
+    pub als_identity_hash: u32,
+    pub undefined_addr: u32,
+}
+
+/// The V8 layout constants of the walk (`node_schema::V8Layout`).
+#[napi(object)]
+pub struct V8LayoutObject {
+    pub js_object_record_offset: u32,
+    pub tagged_size: u32,
+    pub js_map_table_offset: u32,
+    pub ordered_hash_map_header_size: u32,
+}
+
+/// The Node.js schema `nodejs_v1_dev`: the thread block and the walk's
+/// constants, for samplers written in JavaScript or generated from it.
+#[napi(object)]
+pub struct NodeSchemaLayout {
+    pub tls_symbol: String,
+    pub schema_version: String,
+    pub size: u32,
+    pub offsets: NodeSchemaOffsets,
+    /// The layout a reader uses when the process context names none.
+    pub default_layout: V8LayoutObject,
+    /// Process-context keys of the layout constants, in `default_layout` order.
+    pub layout_keys: Vec<String>,
+    pub table_prefix_words: u32,
+    pub entry_words: u32,
+    pub not_found: i32,
+    pub max_chain_hops: u32,
+    pub max_buckets: u32,
+    pub heap_object_tag: u32,
+    pub smi_shift: u32,
+}
+
 /// Everything `abiLayout()` returns.
 #[napi(object)]
 pub struct AbiLayout {
     pub record: RecordLayout,
     pub attrs: AttrsLayout,
     pub process_context: ProcessContextLayout,
+    pub node_schema: NodeSchemaLayout,
 }
 
 /// A size or offset as a JavaScript number. The largest value,
@@ -101,6 +141,38 @@ pub fn layout() -> AbiLayout {
             key_map_key: pc::KEY_MAP_KEY.to_owned(),
             default_schema_version: pc::DEFAULT_SCHEMA_VERSION.to_owned(),
         },
+        node_schema: node_schema(),
+    }
+}
+
+/// The Node.js schema's part of the layout. Every constant is small (the
+/// walk's bounds and word counts), so the narrowing casts are exact.
+fn node_schema() -> NodeSchemaLayout {
+    let layout = node::DEFAULT_LAYOUT;
+    NodeSchemaLayout {
+        tls_symbol: node::TLS_SYMBOL.to_owned(),
+        schema_version: node::SCHEMA_VERSION.to_owned(),
+        size: n(node::SIZE),
+        offsets: NodeSchemaOffsets {
+            cped_slot: n(node::OFFSET_CPED_SLOT),
+            als_handle: n(node::OFFSET_ALS_HANDLE),
+            als_identity_hash: n(node::OFFSET_ALS_IDENTITY_HASH),
+            undefined_addr: n(node::OFFSET_UNDEFINED_ADDR),
+        },
+        default_layout: V8LayoutObject {
+            js_object_record_offset: layout.js_object_record_offset as u32,
+            tagged_size: layout.tagged_size as u32,
+            js_map_table_offset: layout.js_map_table_offset as u32,
+            ordered_hash_map_header_size: layout.ordered_hash_map_header_size as u32,
+        },
+        layout_keys: node::LAYOUT_KEYS.iter().map(|k| (*k).to_owned()).collect(),
+        table_prefix_words: node::TABLE_PREFIX_WORDS as u32,
+        entry_words: node::ENTRY_WORDS as u32,
+        not_found: node::NOT_FOUND as i32,
+        max_chain_hops: n(node::MAX_CHAIN_HOPS),
+        max_buckets: node::MAX_BUCKETS as u32,
+        heap_object_tag: node::HEAP_OBJECT_TAG as u32,
+        smi_shift: node::SMI_SHIFT,
     }
 }
 
@@ -116,5 +188,18 @@ mod tests {
             layout.record.offsets.attrs_data as usize,
             record::HEADER_SIZE
         );
+    }
+
+    #[test]
+    fn the_node_schema_constants_are_exact() {
+        let node_layout = layout().node_schema;
+        assert_eq!(node_layout.size as usize, node::SIZE);
+        assert_eq!(i64::from(node_layout.not_found), node::NOT_FOUND);
+        assert_eq!(u64::from(node_layout.max_buckets), node::MAX_BUCKETS);
+        assert_eq!(
+            u64::from(node_layout.default_layout.js_object_record_offset),
+            node::DEFAULT_LAYOUT.js_object_record_offset
+        );
+        assert_eq!(node_layout.layout_keys.len(), node::LAYOUT_KEYS.len());
     }
 }

@@ -123,20 +123,22 @@ async function readFsBases(pid, tids, timeoutMs = 3000) {
 }
 
 /**
- * The static-TLS offset of otel_thread_ctx_v1 from the thread pointer,
+ * The static-TLS offset of a thread variable from the thread pointer,
  * checked on every thread: `threads` are [{tid, tlsAddress}] as reported by
- * threadInfo() inside the target. Throws if threads disagree (the variable
+ * threadInfo() inside the target (`key` names another address property,
+ * e.g. the frame-mode block's). Throws if threads disagree (the variable
  * would then not be in static TLS and needs the DTV walk).
  */
-async function discoverTlsOffset(pid, threads) {
+async function discoverTlsOffset(pid, threads, key = 'tlsAddress') {
   const bases = await readFsBases(pid, threads.map((t) => t.tid));
   const offsets = new Set();
   for (const t of threads) {
     const base = bases.get(t.tid);
     if (base === undefined) throw new Error(`no fs_base seen for thread ${t.tid}`);
-    offsets.add(BigInt(t.tlsAddress) - base);
+    if (t[key] === null || t[key] === undefined) throw new Error(`thread ${t.tid} reports no ${key}`);
+    offsets.add(BigInt(t[key]) - base);
   }
-  if (offsets.size !== 1) throw new Error(`threads disagree on the TLS offset: ${[...offsets].join(', ')}`);
+  if (offsets.size !== 1) throw new Error(`threads disagree on the TLS offset of ${key}: ${[...offsets].join(', ')}`);
   const [offset] = offsets;
   return { offset, fsBases: bases };
 }

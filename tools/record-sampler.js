@@ -8,6 +8,12 @@
 //
 // Every record offset comes from the ABI the addon exports (js/abi.js).
 //
+// In frame mode (`nodejs` given) the record is found as this package's
+// readers find it: the thread's OTEP 4947 record when it holds a valid span
+// (the direct API), else the Node.js schema's walk from
+// otel_thread_ctx_nodejs_v1 through V8's current AsyncContextFrame
+// (./nodejs-walk.js).
+//
 // samplerProgram() prints one line per event; each S/O line ends with 1
 // when the thread's otel_thread_ctx_v1 read non-NULL (0: not registered, or
 // the read faulted):
@@ -29,16 +35,14 @@
 
 const path = require('node:path');
 const { record } = require('../js/abi');
+const nodejsWalk = require('./nodejs-walk');
 
 const { offsets } = record;
 /** 8-byte words of attrs_data the stack program keeps (where the first attributes sit). */
 const ATTRS_WORDS = 5;
 const ATTRS_PREFIX_BYTES = ATTRS_WORDS * 8;
 
-/** `fs_base + offset` as bpftrace arithmetic (offset is negative for static TLS). */
-function variableExpr(offset) {
-  return offset < 0n ? `curtask->thread.fsbase - ${-offset}` : `curtask->thread.fsbase + ${offset}`;
-}
+const variableExpr = nodejsWalk.threadVariable;
 
 /** bpftrace expression that reads a `type` at `offset` bytes into the record at `$p`. */
 const field = (type, offset) => `*(${type} *)uptr($p + ${offset})`;
@@ -53,15 +57,32 @@ const read = {
 };
 
 /**
+ * Statements leaving in `$p` the address of the record to read (0: none):
+ * the OTEP 4947 record behind otel_thread_ctx_v1 at `offset` from fs_base;
+ * with `nodejs` ({offset, recordOffset}: see ./nodejs-walk.js), the Node.js
+ * schema's walk unless that record holds a valid span (`offset` null: the
+ * walk only).
+ */
+function findRecord(offset, nodejs) {
+  const fromRecord = offset === null || offset === undefined ? '$p = (uint64)0;' : `$p = *(uint64 *)uptr(${variableExpr(offset)});`;
+  if (!nodejs) return fromRecord;
+  return `
+    ${fromRecord}
+    $r_valid = (uint8)0;
+    if ($p != 0) { $r_valid = ${read.valid}; }
+    if ($r_valid != ${record.valid}) {${nodejsWalk.walkStatements(nodejs)}
+    }`;
+}
+
+/**
  * The sampler program for process `pid`: on-CPU samples at `hz`, off-CPU
  * intervals from sched_switch, epoll idle marks, and the clock probe write of
  * thread `clockTid`. It exits by itself after `maxSeconds`, so an abandoned
- * sampler does not linger.
+ * sampler does not linger. `nodejs`: read frame mode (see findRecord).
  */
-function samplerProgram({ pid, offset, hz = 997, offCpu = true, clockTid = 0, maxSeconds = 600 }) {
-  const variable = variableExpr(offset);
+function samplerProgram({ pid, offset, nodejs = null, hz = 997, offCpu = true, clockTid = 0, maxSeconds = 600 }) {
   const readRecord = (tag, extra) => `
-    $p = *(uint64 *)uptr(${variable});
+    ${findRecord(offset, nodejs)}
     if ($p != 0) {
       printf("${tag} %d %llu %d %llx %llx %llx${extra.fmt} 1\\n", tid, nsecs,
         ${read.valid}, ${read.spanId}, ${read.traceId[0]}, ${read.traceId[1]}${extra.args});

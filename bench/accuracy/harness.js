@@ -64,7 +64,9 @@ function startWorkload(node, params) {
  * 'with-only': a negative control that publishes on with() only), mode
  * (the ProfilingContextManager's publishing mode, 'record' or 'frame';
  * default: the manager's own choice), log (function for progress lines).
- * Returns {node, version, offset, offsetSource, clock, bpftrace?, reader?}
+ * Returns {node, version, mode (in force), offset, offsetSource, nodejs?
+ * (frame mode's block offset and wrapper record offset), clock, bpftrace?,
+ * reader?, profile?}
  * where each sampler entry holds {onCpu, offCpu?} scores.
  */
 async function runAccuracy(options = {}) {
@@ -93,7 +95,11 @@ async function runAccuracy(options = {}) {
     const ready = await workload.next('ready', 30000);
     const { pid, threads } = ready;
     const mainTid = threads[0].tid;
-    const result = { node, pid, threads: threads.length };
+    // The mode in force, as every thread reports it (the default: the manager's choice).
+    const modes = new Set(threads.map((t) => t.mode));
+    if (modes.size !== 1) throw new Error(`threads publish in different modes: ${[...modes].join(', ')}`);
+    const [modeInForce] = modes;
+    const result = { node, pid, threads: threads.length, mode: modeInForce };
 
     // Where otel_thread_ctx_v1 sits from the thread pointer: the reader's
     // `inspect --json` when it resolves it, else fs_base read by bpftrace.
@@ -106,12 +112,27 @@ async function runAccuracy(options = {}) {
     result.offset = offset === null ? null : String(offset);
     if (offset !== null) log(`TLS offset of otel_thread_ctx_v1 from fs_base: ${offset} (${result.offsetSource}, same on ${threads.length} threads)`);
 
+    // Frame mode: bpftrace walks the Node.js schema from the thread's
+    // otel_thread_ctx_nodejs_v1 block, whose offset from fs_base it reads
+    // itself, with the record offset the writer published.
+    let nodejs = null;
+    if (samplers.includes('bpftrace') && modeInForce === 'frame') {
+      const { offset: blockOffset } = await bpftrace.discoverTlsOffset(pid, threads, 'frameTlsAddress');
+      const recordOffsets = new Set(threads.map((t) => t.jsObjectRecordOffset));
+      if (recordOffsets.size !== 1) throw new Error(`threads disagree on the wrapper's record offset: ${[...recordOffsets].join(', ')}`);
+      const [recordOffset] = recordOffsets;
+      nodejs = { offset: blockOffset, recordOffset };
+      result.nodejs = { offset: String(blockOffset), recordOffset };
+      log(`TLS offset of otel_thread_ctx_nodejs_v1 from fs_base: ${blockOffset}, wrapper record offset ${recordOffset} (bpftrace fs_base vs threadInfo().frame)`);
+    }
+
     let col = null;
     if (samplers.includes('bpftrace')) {
       col = collector();
-      bt = await bpftrace.startBpftrace(samplerProgram({ pid, offset, hz, clockTid: mainTid, maxSeconds: Math.ceil((cpuMs + offMs + idleMs) / 1000) + 120 }), { onLine: col.onLine });
+      const program = samplerProgram({ pid, offset, nodejs, hz, clockTid: mainTid, maxSeconds: Math.ceil((cpuMs + offMs + idleMs) / 1000) + 120 });
+      bt = await bpftrace.startBpftrace(program, { onLine: col.onLine });
       track(bt.child);
-      log(`bpftrace attached (profile:hz:${hz}, sched_switch)`);
+      log(`bpftrace attached (profile:hz:${hz}, sched_switch${nodejs ? ', walking the Node.js schema' : ''})`);
     }
     if (samplers.includes('reader')) {
       const durationS = Math.ceil((cpuMs + offMs + idleMs + 2000) / 1000);
@@ -202,6 +223,7 @@ function formatRun(r) {
         : `clock check: bpftrace nsecs ${r.clock.ok ? 'inside' : 'OUTSIDE'} the hrtime bracket of the same write(2) (CLOCK_MONOTONIC ${r.clock.ok ? 'confirmed' : 'MISMATCH'})`,
     );
   }
+  lines.push(`mode: ${r.mode}`);
   lines.push(`truth: ${r.truth.threads} threads, ${r.truth.spans} spans, ${r.truth.segments} CPU segments, ${r.truth.blocks} blocking calls`);
   if (r.bpftrace) {
     lines.push(...score.formatOnCpu(r.bpftrace.onCpu, `bpftrace profile (${r.bpftrace.samples} samples${r.bpftrace.lost ? `, ${r.bpftrace.lost} lost` : ''})`));

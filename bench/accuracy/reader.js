@@ -8,6 +8,7 @@
 const fs = require('node:fs');
 const { spawn, spawnSync } = require('node:child_process');
 const { onLines, interrupt } = require('../../tools/subprocess');
+const { nodeSchema } = require('../../js/abi');
 
 const BINARY = process.env.OTEL_THREAD_CTX_READER || require('../../js/native').readerPath();
 
@@ -37,11 +38,16 @@ function tlsOffset(pid, threads = []) {
   const resolution = report.symbol?.resolution;
   if (resolution?.path !== 'tlsdesc-static' || typeof resolution.tp_offset !== 'number') return null;
   const offset = BigInt(resolution.tp_offset);
-  const byTid = new Map((report.threads ?? []).map((t) => [t.tid, t.tls]));
+  // Each thread's `tls` is the variable of the schema that answered for
+  // it: the Node.js schema's block in frame mode.
+  const byTid = new Map((report.threads ?? []).map((t) => [t.tid, t]));
   for (const t of threads) {
-    const tls = byTid.get(t.tid);
-    if (!tls || BigInt(tls.variable_address) !== BigInt(t.tlsAddress) || BigInt(tls.tp_offset) !== offset) {
-      throw new Error(`reader and thread ${t.tid} disagree on otel_thread_ctx_v1: ${JSON.stringify(tls)} vs ${t.tlsAddress}`);
+    const entry = byTid.get(t.tid);
+    const tls = entry?.tls;
+    const frame = entry?.schema === nodeSchema.schemaVersion;
+    const expected = frame ? t.frameTlsAddress : t.tlsAddress;
+    if (!tls || expected == null || BigInt(tls.variable_address) !== BigInt(expected) || (!frame && BigInt(tls.tp_offset) !== offset)) {
+      throw new Error(`reader and thread ${t.tid} disagree on ${frame ? nodeSchema.tlsSymbol : 'otel_thread_ctx_v1'}: ${JSON.stringify(tls)} vs ${expected}`);
     }
   }
   return offset;

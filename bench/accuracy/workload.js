@@ -10,7 +10,8 @@
 // then say which span they saw at which time; ./score.js compares.
 //
 // Protocol on stdio (one JSON object per line on stdout):
-//   -> {event:'ready', pid, threads:[{tid, tlsAddress, recordAddress}]}
+//   -> {event:'ready', pid, threads:[{tid, tlsAddress, recordAddress, mode,
+//        frameTlsAddress, jsObjectRecordOffset}]}
 //   <- 'go\n' on stdin
 //   -> {event:'clock', before, after}   hrtime around the next write(2) of the
 //                                        main thread (a sampler can time it)
@@ -300,7 +301,16 @@ function openFifo(index) {
 
 function describeThread() {
   const info = threadInfo();
-  return { tid: info.tid, tlsAddress: String(info.tlsAddress), recordAddress: String(info.recordAddress) };
+  return {
+    tid: info.tid,
+    tlsAddress: String(info.tlsAddress),
+    recordAddress: String(info.recordAddress),
+    mode: info.mode,
+    // Frame mode: where the thread's otel_thread_ctx_nodejs_v1 block is, and
+    // where wrappers keep their record's address.
+    frameTlsAddress: info.frame === null ? null : String(info.frame.tlsAddress),
+    jsObjectRecordOffset: info.frame === null ? null : info.frame.jsObjectRecordOffset,
+  };
 }
 
 if (isMainThread) {
