@@ -164,6 +164,10 @@ export interface FrameInfo {
   undefinedAddr: bigint;
   /** Where a wrapper object holds its record's address (published as `threadlocal.js_object_record_offset`). */
   jsObjectRecordOffset: number;
+  /** Moving GCs (scavenges, compactions) this thread went through while publishing frames; each closes the gate for its pause. */
+  movingGcs: number;
+  /** Of those, the ones whose block read closed at the end of the pause (objects moved, gate not yet reopened). */
+  movingGcsGateClosed: number;
 }
 
 /** Diagnostics for the calling thread. */

@@ -81,6 +81,25 @@ test("bpftrace walking the Node.js schema attributes frame mode's spans correctl
   assertBpftrace(r);
 });
 
+test('frame mode under forced moving GCs: every pause closes the gate, and no sample reads a wrong span', { skip: unavailable ?? noFrame ?? false, timeout: 120000 }, async (t) => {
+  // One CPU segment in 4 runs a scavenge (every 8th a full GC) inside its
+  // span, so wrappers, contexts and frames move while bpftrace samples.
+  const r = await runBpftrace(t, { samplers: ['bpftrace'], mode: 'frame', gcEvery: 4, cpuMs: 5000, offMs: 1500, idleMs: 800 });
+  if (r === null) return;
+  for (const line of formatRun(r)) t.diagnostic(line);
+  assert.strictEqual(r.mode, 'frame');
+  t.diagnostic(`moving GCs per thread: ${JSON.stringify(r.truth.gcs)}`);
+  for (const gcs of r.truth.gcs) {
+    assert.ok(gcs.forced > 0 && gcs.moving >= gcs.forced, `forced GCs did not run as moving GCs: ${JSON.stringify(gcs)}`);
+    assert.strictEqual(gcs.gateClosed, gcs.moving, 'a moving GC left the gate open');
+  }
+  const c = r.bpftrace.onCpu.overall;
+  assert.ok(c.correct + c.wrong + c.missing >= 200, 'too few samples in segments');
+  assert.strictEqual(c.wrong, 0, `${c.wrong} samples read a wrong span`);
+  for (const th of r.bpftrace.onCpu.perThread) assert.strictEqual(th.wrong, 0, `thread ${th.tid}: ${th.wrong} samples read a wrong span`);
+  assert.strictEqual(Number(r.bpftrace.offCpu.blocked.wrong), 0, 'blocked time attributed to a wrong span');
+});
+
 test("the reader's ptrace sampler attributes spans correctly in the manager's default mode", { skip: reader.unavailableReason() ?? false, timeout: 120000 }, async (t) => {
   const r = await runAccuracy({ samplers: ['reader'], cpuMs: 4000, offMs: 2500, idleMs: 1000, readerHz: 97 });
   for (const line of formatRun(r)) t.diagnostic(line);

@@ -176,6 +176,57 @@ test('span records are freed once nothing reaches them, and none is made per swi
   }
 });
 
+/** V8's gc(), with or without --expose-gc (takes `{ type: 'minor' }` for a scavenge). */
+function gcFunction() {
+  if (typeof globalThis.gc === 'function') return globalThis.gc;
+  require('node:v8').setFlagsFromString('--expose-gc');
+  return require('node:vm').runInNewContext('gc');
+}
+
+test('moving GCs close the gate for their pause and the walk finds the moved span after; callbacks go with the publication', frameOnly, () => {
+  const gc = gcFunction();
+  const manager = new ProfilingContextManager({ mode: 'frame' });
+  context.setGlobalContextManager(manager.enable());
+  const { ctx, spanContext } = spanContextFor('moving');
+  try {
+    const before = threadInfo().frame;
+    context.with(ctx, () => {
+      // Young objects (the context, its wrapper, the frame) move in a scavenge.
+      let garbage = null;
+      for (let i = 0; i < 10000; i++) garbage = { i, garbage };
+      gc({ type: 'minor' });
+      const afterScavenge = threadInfo().frame;
+      assert.ok(afterScavenge.movingGcs > before.movingGcs, 'a scavenge was not seen as a moving GC');
+      assert.strictEqual(readOwnRecord().spanId, spanContext.spanId, 'the walk lost the span after a scavenge');
+      gc();
+      const afterFull = threadInfo().frame;
+      assert.ok(afterFull.movingGcs > afterScavenge.movingGcs, 'a full GC was not seen as a moving GC');
+      assert.strictEqual(readOwnRecord().spanId, spanContext.spanId, 'the walk lost the span after a full GC');
+      assert.strictEqual(afterFull.movingGcs - before.movingGcs, afterFull.movingGcsGateClosed - before.movingGcsGateClosed, 'a moving GC ended with the gate open');
+      assert.strictEqual(afterFull.cpedSlot, before.cpedSlot, 'the gate reopens to the same slot');
+    });
+    // A second frame-mode manager takes over the thread: the callbacks stay
+    // registered once, and keep closing the gate.
+    const second = new ProfilingContextManager({ mode: 'frame' });
+    context.disable();
+    context.setGlobalContextManager(second.enable());
+    const takeover = threadInfo().frame;
+    gc();
+    const afterTakeover = threadInfo().frame;
+    assert.ok(afterTakeover.movingGcs > takeover.movingGcs);
+    assert.strictEqual(afterTakeover.movingGcs - takeover.movingGcs, afterTakeover.movingGcsGateClosed - takeover.movingGcsGateClosed);
+    second.disable();
+  } finally {
+    manager.disable();
+    context.disable();
+  }
+  // Unpublished: the callbacks are gone, GCs are no longer counted.
+  const counts = binding.frameGcPauses();
+  gc({ type: 'minor' });
+  gc();
+  assert.deepStrictEqual(binding.frameGcPauses(), counts, 'GC callbacks still run after disable()');
+});
+
 test('a thread blocked in Atomics.wait inside a span publishes it; an idle thread publishes none (read from another thread)', frameOnly, async () => {
   const { Worker } = require('node:worker_threads');
   const flag = new Int32Array(new SharedArrayBuffer(8));

@@ -426,6 +426,30 @@ pub struct FrameInfo {
     pub undefined_addr: BigInt,
     /// Where a wrapper holds its record's address.
     pub js_object_record_offset: u32,
+    /// Moving GCs (scavenges, compactions) this thread went through while
+    /// publishing frames: each closes the gate for its pause.
+    pub moving_gcs: f64,
+    /// Of those, the ones where the thread's block, read at the end of the
+    /// pause (objects moved, gate not yet reopened), was closed.
+    pub moving_gcs_gate_closed: f64,
+}
+
+/// Moving GCs the calling thread's GC callbacks saw (see [`FrameInfo`]).
+#[napi(object)]
+pub struct FrameGcPauses {
+    pub moving: f64,
+    pub gate_closed: f64,
+}
+
+/// The calling thread's moving-GC counts, published or not: tests check
+/// that the callbacks go with the publication.
+#[napi]
+pub fn frame_gc_pauses() -> FrameGcPauses {
+    let pauses = frame::thread::gc_pauses();
+    FrameGcPauses {
+        moving: pauses.moving.into(),
+        gate_closed: pauses.closed.into(),
+    }
 }
 
 /// The calling thread's frame publication, or null when it publishes none.
@@ -433,6 +457,7 @@ pub struct FrameInfo {
 pub fn frame_info() -> Option<FrameInfo> {
     let block = frame::thread::block()?;
     let layout = frame::thread::layout()?;
+    let pauses = frame::thread::gc_pauses();
     Some(FrameInfo {
         tls_address: BigInt::from(frame::tls::address() as u64),
         cped_slot: BigInt::from(block.cped_slot),
@@ -440,5 +465,7 @@ pub fn frame_info() -> Option<FrameInfo> {
         als_identity_hash: block.als_identity_hash,
         undefined_addr: BigInt::from(block.undefined_addr),
         js_object_record_offset: layout.js_object_record_offset as u32,
+        moving_gcs: pauses.moving.into(),
+        moving_gcs_gate_closed: pauses.closed.into(),
     })
 }

@@ -28,7 +28,8 @@ process.on('exit', () => {
 
 /** Starts the workload with `node`; resolves {child, events, next(event)} once it is ready. */
 function startWorkload(node, params) {
-  const child = track(spawn(node, [WORKLOAD, JSON.stringify(params)], { stdio: ['pipe', 'pipe', 'inherit'] }));
+  const args = params.gcEvery > 0 ? ['--expose-gc'] : [];
+  const child = track(spawn(node, [...args, WORKLOAD, JSON.stringify(params)], { stdio: ['pipe', 'pipe', 'inherit'] }));
   const events = [];
   const waiters = [];
   let exit = null;
@@ -63,7 +64,8 @@ function startWorkload(node, params) {
  * workers, concurrency, cpuMs, offMs, idleMs, manager ('profiling', or
  * 'with-only': a negative control that publishes on with() only), mode
  * (the ProfilingContextManager's publishing mode, 'record' or 'frame';
- * default: the manager's own choice), log (function for progress lines).
+ * default: the manager's own choice), gcEvery (force a moving GC in one
+ * CPU segment in N, under --expose-gc), log (function for progress lines).
  * Returns {node, version, mode (in force), offset, offsetSource, nodejs?
  * (frame mode's block offset and wrapper record offset), clock, bpftrace?,
  * reader?, profile?}
@@ -82,11 +84,12 @@ async function runAccuracy(options = {}) {
     idleMs = 1500,
     manager = 'profiling',
     mode = null,
+    gcEvery = 0,
     keepRaw = false,
     log = () => {},
   } = options;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-accuracy-'));
-  const params = { workers, concurrency, cpuMs, offMs, idleMs, tailMs: 300, dir, manager, mode };
+  const params = { workers, concurrency, cpuMs, offMs, idleMs, tailMs: 300, dir, manager, mode, gcEvery };
   const workload = startWorkload(node, params);
   let bt = null;
   let rd = null;
@@ -202,6 +205,8 @@ async function runAccuracy(options = {}) {
       spans: truth.reduce((n, t) => n + t.spans, 0),
       segments: truth.reduce((n, t) => n + t.segments.length, 0),
       blocks: truth.reduce((n, t) => n + t.blocks.length, 0),
+      // Frame mode: moving GCs per thread ({forced, moving, gateClosed}).
+      gcs: truth.map((t) => t.gcs),
     };
     return result;
   } finally {

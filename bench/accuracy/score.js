@@ -31,7 +31,7 @@ function loadTruth(dir) {
       }));
       segments.sort((a, b) => (a.start < b.start ? -1 : 1));
       blocks.sort((a, b) => (a.start < b.start ? -1 : 1));
-      return { tid: t.tid, thread: t.thread, spans: t.spanIds.length, segments, blocks };
+      return { tid: t.tid, thread: t.thread, spans: t.spanIds.length, segments, blocks, gcs: t.gcs ?? null };
     })
     .sort((a, b) => a.thread - b.thread);
 }

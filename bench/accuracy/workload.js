@@ -26,7 +26,7 @@
 // then `tailMs` idle.
 //
 // Parameters: argv[2] is JSON {workers, concurrency, cpuMs, offMs, idleMs,
-// tailMs, dir, execEvery, manager ('profiling' or the 'with-only' control), mode
+// tailMs, dir, execEvery, gcEvery, manager ('profiling' or the 'with-only' control), mode
 // (the manager's publishing mode, or null for its default)}. Logging is allocation-light: typed arrays sized up front,
 // written out once at the end.
 
@@ -51,6 +51,9 @@ const IDLE_MS = params.idleMs ?? 1500;
 const TAIL_MS = params.tailMs ?? 300;
 const DIR = params.dir;
 const EXEC_EVERY = params.execEvery ?? 12; // one blocking call in N is execSync
+// One CPU segment in N forces a moving GC in its span (0: never): a
+// scavenge, every 8th time a full (compacting) GC. Needs --expose-gc.
+const GC_EVERY = params.gcEvery ?? 0;
 const threadIndex = isMainThread ? 0 : workerData.index;
 
 /**
@@ -121,6 +124,7 @@ function burn(index, ms) {
     for (let i = 0; i < 256; i++) x = (x * 1103515245 + 12345) % 2147483647;
   }
   sink = x;
+  if (GC_EVERY > 0 && segments % GC_EVERY === 0) moveObjects();
   const end = process.hrtime.bigint();
   if (segments < MAX_SEGMENTS) {
     segSpan[segments] = index;
@@ -128,6 +132,15 @@ function burn(index, ms) {
     segEnd[segments] = end;
     segments++;
   }
+}
+
+let forcedGcs = 0;
+/** A moving GC inside the current segment, over young garbage and this thread's live contexts. */
+function moveObjects() {
+  let garbage = null;
+  for (let i = 0; i < 2000; i++) garbage = { i, next: garbage, text: `g${i}` };
+  sink += garbage.i;
+  globalThis.gc(forcedGcs++ % 8 === 7 ? undefined : { type: 'minor' });
 }
 
 /** Runs the blocking call `fn` on behalf of span `index` and logs it as a block of `kind`. */
@@ -153,7 +166,11 @@ function writeTruth() {
     blks[i] = [blkSpan[i], BLOCK_KINDS[blkKind[i]], String(blkStart[i]), String(blkEnd[i])];
   }
   const file = path.join(DIR, `truth-${tid}.json`);
-  fs.writeFileSync(file, JSON.stringify({ tid, thread: threadIndex, spanIds, segments: segs, blocks: blks }));
+  // Frame mode: the moving GCs this thread went through, and how many of
+  // them closed its gate (threadInfo().frame).
+  const frame = threadInfo().frame;
+  const gcs = frame === null ? null : { forced: forcedGcs, moving: frame.movingGcs, gateClosed: frame.movingGcsGateClosed };
+  fs.writeFileSync(file, JSON.stringify({ tid, thread: threadIndex, spanIds, segments: segs, blocks: blks, gcs }));
 }
 
 // ---------------------------------------------------------------- helpers

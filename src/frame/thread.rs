@@ -29,17 +29,63 @@ static PROCESS_LAYOUT: std::sync::Mutex<Option<V8Layout>> = std::sync::Mutex::ne
 
 thread_local! {
     static PUBLICATION: RefCell<Option<Publication>> = const { RefCell::new(None) };
-    /// The gate's value while it is open, 0 when unpublished: what the GC
-    /// epilogue reopens it to.
-    static OPEN_GATE: Cell<u64> = const { Cell::new(0) };
+    // The addon's whole TLS segment must fit glibc's static TLS surplus
+    // (512 bytes), else a late dlopen puts it in dynamic TLS, which some
+    // profilers cannot read: add no thread-local lightly.
+    static GC_PAUSES: Cell<GcPauses> = const { Cell::new(GcPauses { moving: 0, closed: 0 }) };
+}
+
+/// Moving GCs seen on the calling thread while it published frames
+/// (wrapping counters, 8 bytes of TLS).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GcPauses {
+    /// Moving GCs whose prologue closed the gate.
+    pub moving: u32,
+    /// Of those, the ones where the thread's block, read at the epilogue
+    /// (objects moved, gate not yet reopened), was closed: what a sample
+    /// landing inside the pause finds.
+    pub closed: u32,
+}
+
+/// The gate's value while it is open: the published block's `cped_slot`,
+/// 0 when unpublished (or, never expected, while the publication is being
+/// replaced: the gate then stays closed until the replacement stores it).
+fn open_gate() -> u64 {
+    PUBLICATION
+        .try_with(|p| {
+            p.try_borrow()
+                .ok()
+                .and_then(|p| p.as_ref().map(|p| p.block.cped_slot))
+        })
+        .ok()
+        .flatten()
+        .unwrap_or(0)
 }
 
 unsafe extern "C" fn on_gc_start(_: Isolate, _: c_int, _: c_int, _: *mut c_void) {
     tls::gate(0);
+    GC_PAUSES.with(|p| {
+        let mut pauses = p.get();
+        pauses.moving = pauses.moving.wrapping_add(1);
+        p.set(pauses);
+    });
 }
 
 unsafe extern "C" fn on_gc_end(_: Isolate, _: c_int, _: c_int, _: *mut c_void) {
-    tls::gate(OPEN_GATE.with(Cell::get));
+    // The block's first word only: the walk stops there when it is 0.
+    if tls::load().cped_slot == 0 {
+        GC_PAUSES.with(|p| {
+            let mut pauses = p.get();
+            pauses.closed = pauses.closed.wrapping_add(1);
+            p.set(pauses);
+        });
+    }
+    tls::gate(open_gate());
+}
+
+/// The calling thread's moving-GC counts (kept across publications).
+pub fn gc_pauses() -> GcPauses {
+    GC_PAUSES.with(Cell::get)
 }
 
 /// Publishes the calling thread's block for the AsyncLocalStorage `als`:
@@ -76,7 +122,6 @@ pub unsafe fn publish(
     // The store closes the gate before it changes any field, so the old
     // handle is unreachable from the block before it is disposed below.
     tls::store(&block);
-    OPEN_GATE.with(|g| g.set(block.cped_slot));
     let first = previous.is_none();
     match previous {
         // SAFETY: the old handle is ours and no longer published.
@@ -172,7 +217,6 @@ pub unsafe fn verify(
 /// handle and the GC callbacks go. Returns the layout the thread published
 /// with, or `None` when it published nothing.
 pub fn unpublish() -> Option<V8Layout> {
-    OPEN_GATE.with(|g| g.set(0));
     tls::gate(0);
     let publication = PUBLICATION.with_borrow_mut(Option::take)?;
     tls::store(&ThreadContext::default());
