@@ -112,7 +112,11 @@ export declare function setSpanContext(
   traceFlags?: number,
 ): void;
 
-/** Marks the calling thread's record as carrying no span (`valid = 0`). */
+/**
+ * Marks the calling thread's record as carrying no span (`valid = 0`). In a
+ * thread whose manager publishes in frame mode, readers then find the active
+ * span through the frame walk again (they read the record first).
+ */
 export declare function clearSpanContext(): void;
 
 /** Diagnostics about the calling thread's registration. */

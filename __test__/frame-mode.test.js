@@ -11,7 +11,7 @@ const { context, ROOT_CONTEXT } = require('@opentelemetry/api');
 const { ProfilingContextManager, threadInfo } = require('..');
 const binding = require('../js/binding');
 const { usesAsyncContextFrame } = require('../js/publish/frame');
-const { ROOT, readOwnRecord, spanContextFor } = require('./helpers');
+const { ROOT, readOwnRecord, readRecord, readFromOutside, spanContextFor, spawnNode, exited } = require('./helpers');
 
 const FRAME = usesAsyncContextFrame();
 /** The default this process runs with: OTEL_THREAD_CTX_MODE=record (a suite run in record mode) wins. */
@@ -225,6 +225,86 @@ test('moving GCs close the gate for their pause and the walk finds the moved spa
   gc({ type: 'minor' });
   gc();
   assert.deepStrictEqual(binding.frameGcPauses(), counts, 'GC callbacks still run after disable()');
+});
+
+test('the direct API in frame mode: readers see its span first, clearSpanContext, idle, enable() and disable() leave none', frameOnly, async () => {
+  // The child stops (a blocking read of stdin) at each step while the
+  // reader CLI reads it from outside: the record first, then the walk.
+  const { child, lines, next } = await spawnNode(`
+    const fs = require('node:fs');
+    const { context, trace, ROOT_CONTEXT } = require('@opentelemetry/api');
+    const { ProfilingContextManager, setSpanContext, clearSpanContext, threadInfo } = require('.');
+    const step = (name) => {
+      const info = threadInfo();
+      fs.writeSync(1, JSON.stringify({ step: name, tid: info.tid, mode: info.mode, recordAddress: String(info.recordAddress) }) + '\\n');
+      fs.readSync(0, Buffer.alloc(1), 0, 1, null);
+    };
+    setSpanContext(0x1n, 0x2n, 0x3n, 1); // before any manager publishes
+    const manager = new ProfilingContextManager({ mode: 'frame' });
+    context.setGlobalContextManager(manager.enable());
+    step('enabled');
+    const sc = { traceId: 'ab'.repeat(16), spanId: '1111111111111111', traceFlags: 1 };
+    context.with(trace.setSpanContext(ROOT_CONTEXT, sc), () => {
+      step('frame');
+      setSpanContext(0xcdn, 0xefn, 0x2222n, 1);
+      step('direct');
+      clearSpanContext();
+      step('cleared');
+      setSpanContext(0xcdn, 0xefn, 0x4444n, 1);
+    });
+    step('after with');
+    // Back to the loop, which idles: the record is cleared there. A signal
+    // (handled on the loop) brings the child back.
+    fs.writeSync(1, JSON.stringify({ step: 'idling' }) + '\\n');
+    const keepAlive = setInterval(() => {}, 1 << 30);
+    process.once('SIGUSR2', () => {
+      setSpanContext(0xcdn, 0xefn, 0x5555n, 1);
+      manager.disable();
+      step('disabled');
+      clearInterval(keepAlive);
+    });
+  `);
+  try {
+    const go = () => child.stdin.write('\n');
+    const read = (tid) => readFromOutside(child.pid, { tid, mode: 'frame' });
+    const [enabled] = lines;
+    assert.strictEqual(enabled.mode, 'frame');
+    const tid = enabled.tid;
+    assert.strictEqual(read(tid).valid, 0, 'enable() in frame mode leaves no direct-API span behind');
+    go();
+    assert.strictEqual((await next('frame')).step, 'frame');
+    assert.strictEqual(read(tid).spanId, '1111111111111111', 'the walk finds the frame span');
+    go();
+    assert.strictEqual((await next('direct')).step, 'direct');
+    const direct = read(tid);
+    assert.strictEqual(direct.spanId, '0000000000002222', 'the direct-API span is read before the frame');
+    assert.strictEqual(direct.traceId, `${'cd'.padStart(16, '0')}${'ef'.padStart(16, '0')}`);
+    go();
+    assert.strictEqual((await next('cleared')).step, 'cleared');
+    assert.strictEqual(read(tid).spanId, '1111111111111111', 'clearSpanContext() hands back to the frame');
+    go();
+    assert.strictEqual((await next('after with')).step, 'after with');
+    assert.strictEqual(read(tid).spanId, '0000000000004444', 'frame mode never writes the record: the direct span stays until cleared or idle');
+    go();
+    assert.strictEqual((await next('idling')).step, 'idling');
+    await new Promise((r) => setImmediate(r));
+    // The loop clears the record right before it blocks; the child gets
+    // there on its own, so read until it has (bounded, no timing asserted).
+    let idle = read(tid);
+    for (let i = 0; i < 100 && idle.valid !== 0; i++) {
+      await new Promise((r) => setTimeout(r, 20));
+      idle = read(tid);
+    }
+    assert.strictEqual(idle.valid, 0, 'a direct-API span outlived the callbacks: the idle loop did not clear it');
+    child.kill('SIGUSR2');
+    const disabled = await next('disabled');
+    assert.strictEqual(disabled.mode, null);
+    assert.strictEqual(readRecord(child.pid, disabled.recordAddress).valid, 0, 'disable() leaves the record invalid');
+    go();
+    assert.strictEqual(await exited(child), 0);
+  } finally {
+    child.kill('SIGKILL');
+  }
 });
 
 test('a thread blocked in Atomics.wait inside a span publishes it; an idle thread publishes none (read from another thread)', frameOnly, async () => {

@@ -426,19 +426,30 @@ function availability(storage) {
   }
 }
 
-/** Makes `manager` (frame mode, verified) the thread's publisher. */
+/**
+ * Makes `manager` (frame mode, verified) the thread's publisher. The
+ * thread's OTEP 4947 record, which readers read before the walk, starts
+ * invalid, so a span left there by the direct API before this manager
+ * published does not hide the frames; it is cleared again whenever the
+ * event loop idles, so a direct-API span never outlives the callbacks that
+ * ran it (as record mode does).
+ */
 function activate(manager) {
   const { cpedOffset, recordOffset } = discovered.offsets;
   schema = manager._attributeSchema;
   localRoot.configure(schema === null ? [] : schema.endpointKeys, endpointChanged);
+  view.clear();
+  binding.setClearOnIdle(true);
   binding.framePublish(manager._asyncLocalStorage, cpedOffset, recordOffset);
 }
 
-/** Stops publishing frames on this thread. */
+/** Stops publishing frames on this thread; the record is left invalid. */
 function deactivate() {
   schema = null;
   localRoot.configure([], null);
   binding.frameUnpublish();
+  binding.setClearOnIdle(false);
+  view.clear();
 }
 
 module.exports = { wrapperFor, contextOf, spanEnded, availability, activate, deactivate, usesAsyncContextFrame };
