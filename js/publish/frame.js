@@ -166,27 +166,64 @@ function write(record, entry, attributes) {
   words[base + TAIL_INDEX_U32] = tail;
 }
 
-const kObserved = Symbol('otel-thread-ctx.observed');
+/**
+ * Prototypes this copy of the package has looked at, and the wrappers it
+ * installed: kept here, not as markers on the application's objects, so a
+ * prototype's own keys stay the stock ones, and a method this copy already
+ * wraps (inherited from a patched base class) is not wrapped twice. Another
+ * copy of the package keeps its own sets and wraps on top, for its records.
+ */
+const observedPrototypes = new WeakSet();
+const installedWrappers = new WeakSet();
 
-/** Runs `after(this)` after every call of `proto[name]` (if it is a method). */
+/** The descriptor of `name` on `proto` or up its prototype chain, or undefined. */
+function findProperty(proto, name) {
+  for (let p = proto; p !== null; p = Object.getPrototypeOf(p)) {
+    const descriptor = Object.getOwnPropertyDescriptor(p, name);
+    if (descriptor !== undefined) return { owner: p, descriptor };
+  }
+  return undefined;
+}
+
+/**
+ * Runs `after(this)` after every call of the method `name` of objects
+ * inheriting from `proto`: an own property of `proto` with the original's
+ * attributes, name and length, which returns or throws what the original
+ * does. Leaves alone accessors, non-functions, methods it cannot redefine
+ * (frozen, or inherited by a non-extensible prototype) and methods it
+ * already wraps.
+ */
 function observe(proto, name, after) {
-  const original = proto[name];
-  if (typeof original !== 'function') return;
-  proto[name] = {
+  const found = findProperty(proto, name);
+  if (found === undefined) return;
+  const { owner, descriptor } = found;
+  const original = descriptor.value;
+  if (typeof original !== 'function' || installedWrappers.has(original)) return;
+  const redefinable = owner === proto ? descriptor.writable || descriptor.configurable : Object.isExtensible(proto);
+  if (!redefinable) return;
+  const wrapper = {
     [name](...args) {
       try {
-        return original.apply(this, args);
+        return Reflect.apply(original, this, args);
       } finally {
         after(this);
       }
     },
   }[name];
+  Object.defineProperty(wrapper, 'length', { value: original.length });
+  installedWrappers.add(wrapper);
+  Object.defineProperty(proto, name, {
+    value: wrapper,
+    writable: descriptor.writable,
+    enumerable: descriptor.enumerable,
+    configurable: descriptor.configurable,
+  });
 }
 
 /** A span's attributes changed: its record follows now when it has one. Cannot throw. */
 function attributesChanged(span) {
   try {
-    const record = span[kRecord];
+    const record = cachedRecord(span);
     if (schema !== null && record !== undefined && record.span === span && !record.ended) recordOfSpan(span);
   } catch {
     // A throwing attribute getter: the record follows at the next with().
@@ -194,24 +231,62 @@ function attributesChanged(span) {
 }
 
 /**
+ * `end()` returned or threw: if the span now says it has ended (the SDK's
+ * `ended`, the rule every path applies), its record stops publishing it.
+ * Spans without `ended` (NonRecordingSpan) stay published while a context
+ * holds them, as in record mode. Cannot throw.
+ */
+function endObserved(span) {
+  try {
+    if (span.ended === true) spanEnded(span);
+  } catch {
+    // A throwing `ended` getter: the record ends at the next with(), if ever.
+  }
+}
+
+const OBSERVED_METHODS = [
+  ['end', endObserved],
+  ['setAttribute', attributesChanged],
+  ['setAttributes', attributesChanged],
+];
+
+/**
  * Makes `end()` of `span`'s class clear the span's record in place, and
  * `setAttribute()`/`setAttributes()` update it, so a frame that resumes
  * later without any with() publishes what the span says now: record mode
  * notices at the next callback, and frame mode runs nothing then. Once per
- * span class; a class that cannot be patched is left to
- * ProcessContextSpanProcessor.onEnd and to with().
+ * prototype; a method that cannot be wrapped is left to
+ * ProcessContextSpanProcessor.onEnd and to with(). Cannot throw.
  */
 function observeSpanClass(span) {
-  const proto = Object.getPrototypeOf(span);
-  if (proto === null || proto === Object.prototype || Object.prototype.hasOwnProperty.call(proto, kObserved)) return;
   try {
-    proto[kObserved] = true;
-    observe(proto, 'end', spanEnded);
-    observe(proto, 'setAttribute', attributesChanged);
-    observe(proto, 'setAttributes', attributesChanged);
+    const proto = Object.getPrototypeOf(span);
+    if (proto === null || proto === Object.prototype || observedPrototypes.has(proto)) return;
+    observedPrototypes.add(proto);
+    for (const [name, after] of OBSERVED_METHODS) {
+      try {
+        observe(proto, name, after);
+      } catch {
+        // A Proxy prototype refusing: that method stays unobserved.
+      }
+    }
   } catch {
-    // A frozen prototype: nothing to do.
+    // A Proxy span refusing getPrototypeOf: nothing observed.
   }
+}
+
+/**
+ * Records of spans that cannot take a property (frozen, sealed or otherwise
+ * non-extensible), looked up only for those: the common path stays one
+ * property load.
+ */
+const recordsOfFixedSpans = new WeakMap();
+
+/** The record cached for `span`, or undefined. */
+function cachedRecord(span) {
+  const record = span[kRecord];
+  if (record !== undefined || Object.isExtensible(span)) return record;
+  return recordsOfFixedSpans.get(span);
 }
 
 /** A new record for `span`, or null when it publishes no span. */
@@ -269,7 +344,7 @@ function endpointChanged(root) {
 /** The record of `span` (cached on it), or null when it publishes none. */
 function recordOfSpan(span) {
   if (typeof span !== 'object' || span === null || typeof span.spanContext !== 'function') return null;
-  const cached = span[kRecord];
+  const cached = cachedRecord(span);
   if (cached !== undefined && cached.span === span) {
     if (isCurrent(cached)) return cached;
     // Attributes or schema changed: the same record is rewritten when it
@@ -282,6 +357,7 @@ function recordOfSpan(span) {
   }
   const record = newRecord(span);
   if (Object.isExtensible(span)) span[kRecord] = record === null ? undefined : record;
+  else if (record !== null) recordsOfFixedSpans.set(span, record);
   return record;
 }
 
@@ -349,7 +425,8 @@ function contextOf(store) {
 /** Called as a span ends: its record stops publishing it at once. Cannot throw. */
 function spanEnded(span) {
   try {
-    const record = span?.[kRecord];
+    if (typeof span !== 'object' || span === null) return;
+    const record = cachedRecord(span);
     if (record !== undefined && record.span === span && !record.ended) end(record);
   } catch {
     // A Proxy span: its record ends at the next with().
