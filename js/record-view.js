@@ -193,6 +193,46 @@ function entryFromIds(traceId, spanId, traceFlags, schema = null, attributes = n
   return new RecordEntry(1, lastW0, lastW1, lastW2, lastW3, w4, w5, traceFlags & 0xff, schema, attributes);
 }
 
+/**
+ * The words of the ids decodeIds() decoded last: trace id in 0..3, span id
+ * in 4..5, host-endian as the record stores them.
+ */
+const decodedIds = new Int32Array(6);
+
+/**
+ * Decodes a span context's ids (32 + 16 hex digits) into `decodedIds`
+ * without building an entry: what frame mode's per-span records need.
+ * False for ids that are malformed or all zero (W3C invalid).
+ */
+function decodeIds(traceId, spanId) {
+  if (typeof traceId !== 'string' || traceId.length !== 32 || typeof spanId !== 'string' || spanId.length !== 16) {
+    return false;
+  }
+  badDigits = 0;
+  if (traceId !== lastTraceId) {
+    const w0 = wordAt(traceId, 0);
+    const w1 = wordAt(traceId, 8);
+    const w2 = wordAt(traceId, 16);
+    const w3 = wordAt(traceId, 24);
+    if (badDigits < 0 || (w0 | w1 | w2 | w3) === 0) return false;
+    lastTraceId = traceId;
+    lastW0 = w0;
+    lastW1 = w1;
+    lastW2 = w2;
+    lastW3 = w3;
+  }
+  const w4 = wordAt(spanId, 0);
+  const w5 = wordAt(spanId, 8);
+  if (badDigits < 0 || (w4 | w5) === 0) return false;
+  decodedIds[0] = lastW0;
+  decodedIds[1] = lastW1;
+  decodedIds[2] = lastW2;
+  decodedIds[3] = lastW3;
+  decodedIds[4] = w4;
+  decodedIds[5] = w5;
+  return true;
+}
+
 /** `entry` (a span's ids) with encoded attributes added. */
 function withAttributes(entry, schema, attributes) {
   const { w0, w1, w2, w3, w4, w5, traceFlags } = entry;
@@ -351,12 +391,14 @@ function clearThroughNapi() {
 
 module.exports =
   noViewReason === null
-    ? { NO_SPAN, validFlags, tailWord, entryFromIds, withAttributes, publish, publishNoSpan, publishIds, clear, publishedEntry, writer: 'view' }
+    ? { NO_SPAN, validFlags, tailWord, entryFromIds, decodeIds, decodedIds, withAttributes, publish, publishNoSpan, publishIds, clear, publishedEntry, writer: 'view' }
     : {
         NO_SPAN,
         validFlags,
         tailWord,
         entryFromIds,
+        decodeIds,
+        decodedIds,
         withAttributes,
         publish: publishThroughNapi,
         publishNoSpan: publishNoSpanThroughNapi,

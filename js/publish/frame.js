@@ -72,17 +72,16 @@ class ContextWrapper extends Uint8Array {
 
 /** A span's native record and what was written into it. */
 class SpanRecord {
-  constructor(buffer, byteOffset, size, span, entry, schema, attributes) {
+  constructor(buffer, byteOffset, size, span, traceFlags, schema, attributes) {
     this.buffer = buffer;
     this.byteOffset = byteOffset;
     this.size = size;
-    /** The slab's words (one view shared by its records) and this record's first word. */
-    this.words = slabWords(buffer);
-    this.bytes = slabBytes(buffer);
+    /** The slab's views (shared by its records) and this record's first word. */
+    this.words = slabWordsView;
+    this.bytes = slabBytesView;
     this.base = byteOffset / 4;
     this.span = span;
-    /** record-view's entry: the ids as words, flags, tail word. */
-    this.entry = entry;
+    this.traceFlags = traceFlags;
     /** The AttributeSchema the attributes were encoded for (null: none). */
     this.schema = schema;
     /** EncodedAttributes or null. */
@@ -99,23 +98,19 @@ const kRecord = Symbol('otel-thread-ctx.record');
 /** The publishing manager's AttributeSchema (null: no attributes). */
 let schema = null;
 
-/** The slab records are carved from now, its words, and how much of it is used. */
+/**
+ * The slab records are carved from now, the views its records write
+ * through (one pair per slab: no view per span), and how much of it is used.
+ */
 let slab = null;
 let slabWordsView = null;
 let slabBytesView = null;
 let slabUsed = 0;
 
-/** The Uint32Array over `buffer` its records write through (one per slab: no view per span). */
-function slabWords(buffer) {
-  return buffer === slab ? slabWordsView : new Uint32Array(buffer);
-}
-
-/** The Uint8Array over `buffer` its records' attributes are written through. */
-function slabBytes(buffer) {
-  return buffer === slab ? slabBytesView : new Uint8Array(buffer);
-}
-
-/** A zeroed record of `size` bytes (a multiple of RECORD_ALIGN): [buffer, byteOffset]. */
+/**
+ * A zeroed, never used record of `size` bytes (a multiple of RECORD_ALIGN)
+ * in `slab` (which it may replace): its byte offset.
+ */
 function allocate(size) {
   if (slab === null || slabUsed + size > SLAB_BYTES) {
     slab = binding.frameSpanRecord(SLAB_BYTES);
@@ -125,7 +120,7 @@ function allocate(size) {
   }
   const byteOffset = slabUsed;
   slabUsed += size;
-  return [slab, byteOffset];
+  return byteOffset;
 }
 
 /** This thread's record of "no span" (valid = 0, never written). */
@@ -140,30 +135,41 @@ function noSpanWrapper(context) {
   return new ContextWrapper(noSpan(), 0, HEADER_RECORD_SIZE, context, null);
 }
 
-function write(record, entry, attributes) {
+/**
+ * Writes the record's attributes (EncodedAttributes or null) and makes it
+ * valid. Its ids were stored when it was carved out (writeIds) and never
+ * change.
+ */
+function write(record, attributes) {
   const words = record.words;
   const base = record.base;
   // ORDER: a sampler interrupts this thread, so program order is enough:
   // valid = 0 first, the fields, then the tail word (valid = 1) last, each
   // a typed-array store V8 neither drops nor reorders (as in record-view).
   words[base + TAIL_INDEX_U32] = 0;
-  words[base] = entry.w0;
-  words[base + 1] = entry.w1;
-  words[base + 2] = entry.w2;
-  words[base + 3] = entry.w3;
-  words[base + 4] = entry.w4;
-  words[base + 5] = entry.w5;
-  let tail = entry.tail;
-  if (attributes !== null && attributes.bytes.length !== 0) {
+  const size = attributes === null ? 0 : attributes.bytes.length;
+  if (size !== 0) {
     // Through a byte view of the whole slab, shared by its records: a view
     // per write would cost more than these few bytes.
     const bytes = record.bytes;
     const values = attributes.bytes;
     const at = record.byteOffset + offsets.attrsData;
     for (let i = 0; i < values.length; i++) bytes[at + i] = values[i];
-    tail = view.tailWord(entry.traceFlags, attributes.bytes.length);
   }
-  words[base + TAIL_INDEX_U32] = tail;
+  words[base + TAIL_INDEX_U32] = view.tailWord(record.traceFlags, size);
+}
+
+/** Stores the ids decodeIds() left in view.decodedIds into a new record (still invalid). */
+function writeIds(record) {
+  const words = record.words;
+  const base = record.base;
+  const ids = view.decodedIds;
+  words[base] = ids[0];
+  words[base + 1] = ids[1];
+  words[base + 2] = ids[2];
+  words[base + 3] = ids[3];
+  words[base + 4] = ids[4];
+  words[base + 5] = ids[5];
 }
 
 /**
@@ -174,6 +180,7 @@ function write(record, entry, attributes) {
  * copy of the package keeps its own sets and wraps on top, for its records.
  */
 const observedPrototypes = new WeakSet();
+let lastObservedPrototype = null;
 const installedWrappers = new WeakSet();
 
 /** The descriptor of `name` on `proto` or up its prototype chain, or undefined. */
@@ -261,8 +268,11 @@ const OBSERVED_METHODS = [
 function observeSpanClass(span) {
   try {
     const proto = Object.getPrototypeOf(span);
+    // Most spans share one class: one comparison before the set lookup.
+    if (proto === lastObservedPrototype) return;
     if (proto === null || proto === Object.prototype || observedPrototypes.has(proto)) return;
     observedPrototypes.add(proto);
+    lastObservedPrototype = proto;
     for (const [name, after] of OBSERVED_METHODS) {
       try {
         observe(proto, name, after);
@@ -297,13 +307,14 @@ function newRecord(span) {
   const sc = span.spanContext();
   if (typeof sc !== 'object' || sc === null) return null;
   const flags = view.validFlags(sc.traceFlags);
-  const entry = flags < 0 ? view.NO_SPAN : view.entryFromIds(sc.traceId, sc.spanId, flags);
-  if (entry === view.NO_SPAN) return null;
+  if (flags < 0 || !view.decodeIds(sc.traceId, sc.spanId)) return null;
   const attributes = schema === null ? null : schema.encode(span);
   const size = schema === null ? HEADER_RECORD_SIZE : recordSize(attributes);
-  const [buffer, byteOffset] = allocate(size);
-  const record = new SpanRecord(buffer, byteOffset, size, span, entry, schema, attributes);
-  write(record, entry, attributes);
+  // decodedIds stay valid until the next decode: encode() above decodes none.
+  const byteOffset = allocate(size);
+  const record = new SpanRecord(slab, byteOffset, size, span, flags, schema, attributes);
+  writeIds(record);
+  write(record, attributes);
   if (attributes !== null && attributes.root !== null) (attributes.root.records ??= new Set()).add(record);
   return record;
 }
@@ -334,7 +345,7 @@ function endpointChanged(root) {
     for (const record of root.records ?? []) {
       if (record.ended || record.schema !== schema || record.attributes.rootVersion === root.version) continue;
       record.attributes = schema.encode(record.span, attributesRoom(record));
-      write(record, record.entry, record.attributes);
+      write(record, record.attributes);
     }
   } catch {
     // A throwing attribute getter: those records follow at their next with().
@@ -351,7 +362,7 @@ function recordOfSpan(span) {
     // has room, so the wrappers over it publish the new attributes too.
     if (cached.schema === schema && schema !== null) {
       cached.attributes = schema.encode(span, attributesRoom(cached));
-      write(cached, cached.entry, cached.attributes);
+      write(cached, cached.attributes);
       return cached;
     }
   }
