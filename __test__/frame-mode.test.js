@@ -183,6 +183,20 @@ function gcFunction() {
   return require('node:vm').runInNewContext('gc');
 }
 
+test("choosing frame mode leaves the caller's AsyncContextFrame as it was (no probe keys copied into every later frame)", frameOnly, () => {
+  const seen = runChild(`
+    const frames = require('internal/async_context_frame');
+    const keys = () => (frames.current() === undefined ? 0 : frames.current().size);
+    const { context } = require('@opentelemetry/api');
+    const { ProfilingContextManager } = require('.');
+    const before = keys();
+    const manager = new ProfilingContextManager({ mode: 'frame' });
+    const constructed = keys();
+    context.setGlobalContextManager(manager.enable());
+    console.log(JSON.stringify({ mode: manager.mode, before, constructed, enabled: keys() }));`, { args: ['--expose-internals'] });
+  assert.deepStrictEqual(seen, { mode: 'frame', before: 0, constructed: 0, enabled: 0 });
+});
+
 test('moving GCs close the gate for their pause and the walk finds the moved span after; callbacks go with the publication', frameOnly, () => {
   const gc = gcFunction();
   const manager = new ProfilingContextManager({ mode: 'frame' });
