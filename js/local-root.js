@@ -24,9 +24,9 @@
 // server span only as the response ends).
 
 const { context: contextApi, trace } = require('@opentelemetry/api');
+const { methodObserver } = require('./span-methods');
 
 const kLocalRoot = Symbol('otel-thread-ctx.local-root');
-const kObserved = Symbol('otel-thread-ctx.endpoint-observed');
 
 /** The endpoint keys (set by the publishing manager's schema). */
 let endpointKeys = [];
@@ -155,38 +155,17 @@ function afterEndpointChange(span) {
   }
 }
 
-/** Runs `after(this)` after every call of `proto[name]` (if it is a method). */
-function observe(proto, name, after) {
-  const original = proto[name];
-  if (typeof original !== 'function') return;
-  proto[name] = {
-    [name](...args) {
-      try {
-        return original.apply(this, args);
-      } finally {
-        after(this);
-      }
-    },
-  }[name];
-}
-
 /**
  * Makes `setAttribute()`/`setAttributes()` of `span`'s class pass new
  * endpoint values to the span's LocalRoot at once, so samples taken after
- * a late `http.route` carry it. Once per class; a class that cannot be
- * patched keeps the values its spans had when first seen.
+ * a late `http.route` carry it. Once per prototype (./span-methods.js); a
+ * class that cannot be patched keeps the values its spans had when first
+ * seen.
  */
-function observeSpanClass(span) {
-  const proto = Object.getPrototypeOf(span);
-  if (proto === null || proto === Object.prototype || Object.prototype.hasOwnProperty.call(proto, kObserved)) return;
-  try {
-    proto[kObserved] = true;
-    observe(proto, 'setAttribute', afterEndpointChange);
-    observe(proto, 'setAttributes', afterEndpointChange);
-  } catch {
-    // A frozen prototype.
-  }
-}
+const observeSpanClass = methodObserver([
+  ['setAttribute', afterEndpointChange],
+  ['setAttributes', afterEndpointChange],
+]);
 
 /** Sets the endpoint keys (a new publishing schema) and the change listener. */
 function configure(keys, onChange) {

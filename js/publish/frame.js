@@ -27,6 +27,7 @@ const abi = require('../abi');
 const binding = require('../binding');
 const view = require('../record-view');
 const sdkResource = require('../sdk-resource');
+const { methodObserver } = require('../span-methods');
 const localRoot = require('../local-root');
 
 const { offsets } = abi.record;
@@ -172,61 +173,6 @@ function writeIds(record) {
   words[base + 5] = ids[5];
 }
 
-/**
- * Prototypes this copy of the package has looked at, and the wrappers it
- * installed: kept here, not as markers on the application's objects, so a
- * prototype's own keys stay the stock ones, and a method this copy already
- * wraps (inherited from a patched base class) is not wrapped twice. Another
- * copy of the package keeps its own sets and wraps on top, for its records.
- */
-const observedPrototypes = new WeakSet();
-let lastObservedPrototype = null;
-const installedWrappers = new WeakSet();
-
-/** The descriptor of `name` on `proto` or up its prototype chain, or undefined. */
-function findProperty(proto, name) {
-  for (let p = proto; p !== null; p = Object.getPrototypeOf(p)) {
-    const descriptor = Object.getOwnPropertyDescriptor(p, name);
-    if (descriptor !== undefined) return { owner: p, descriptor };
-  }
-  return undefined;
-}
-
-/**
- * Runs `after(this)` after every call of the method `name` of objects
- * inheriting from `proto`: an own property of `proto` with the original's
- * attributes, name and length, which returns or throws what the original
- * does. Leaves alone accessors, non-functions, methods it cannot redefine
- * (frozen, or inherited by a non-extensible prototype) and methods it
- * already wraps.
- */
-function observe(proto, name, after) {
-  const found = findProperty(proto, name);
-  if (found === undefined) return;
-  const { owner, descriptor } = found;
-  const original = descriptor.value;
-  if (typeof original !== 'function' || installedWrappers.has(original)) return;
-  const redefinable = owner === proto ? descriptor.writable || descriptor.configurable : Object.isExtensible(proto);
-  if (!redefinable) return;
-  const wrapper = {
-    [name](...args) {
-      try {
-        return Reflect.apply(original, this, args);
-      } finally {
-        after(this);
-      }
-    },
-  }[name];
-  Object.defineProperty(wrapper, 'length', { value: original.length });
-  installedWrappers.add(wrapper);
-  Object.defineProperty(proto, name, {
-    value: wrapper,
-    writable: descriptor.writable,
-    enumerable: descriptor.enumerable,
-    configurable: descriptor.configurable,
-  });
-}
-
 /** A span's attributes changed: its record follows now when it has one. Cannot throw. */
 function attributesChanged(span) {
   try {
@@ -262,28 +208,10 @@ const OBSERVED_METHODS = [
  * `setAttribute()`/`setAttributes()` update it, so a frame that resumes
  * later without any with() publishes what the span says now: record mode
  * notices at the next callback, and frame mode runs nothing then. Once per
- * prototype; a method that cannot be wrapped is left to
+ * prototype (./span-methods.js); a method that cannot be wrapped is left to
  * ProcessContextSpanProcessor.onEnd and to with(). Cannot throw.
  */
-function observeSpanClass(span) {
-  try {
-    const proto = Object.getPrototypeOf(span);
-    // Most spans share one class: one comparison before the set lookup.
-    if (proto === lastObservedPrototype) return;
-    if (proto === null || proto === Object.prototype || observedPrototypes.has(proto)) return;
-    observedPrototypes.add(proto);
-    lastObservedPrototype = proto;
-    for (const [name, after] of OBSERVED_METHODS) {
-      try {
-        observe(proto, name, after);
-      } catch {
-        // A Proxy prototype refusing: that method stays unobserved.
-      }
-    }
-  } catch {
-    // A Proxy span refusing getPrototypeOf: nothing observed.
-  }
-}
+const observeSpanClass = methodObserver(OBSERVED_METHODS);
 
 /**
  * Records of spans that cannot take a property (frozen, sealed or otherwise
