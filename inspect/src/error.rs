@@ -19,6 +19,8 @@ pub enum Fatal {
     ExecutedEveryTime { pid: i32, attempts: usize },
     #[error(transparent)]
     Profile(#[from] crate::profile::ProfileError),
+    #[error(transparent)]
+    Agent(#[from] crate::agent::AgentError),
 }
 
 /// Whether a system call was refused for lack of privilege: `EPERM` or

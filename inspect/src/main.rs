@@ -6,6 +6,7 @@
 //! 2 = usage or permission error (including a nonexistent pid),
 //! 128 + N = stopped early by signal N (every thread already released).
 
+mod agent;
 mod discovery;
 mod elf;
 mod error;
@@ -114,6 +115,55 @@ enum Command {
         #[arg(long)]
         no_threadpool: bool,
     },
+    /// Continuous profiling of every process on the host that publishes a
+    /// thread context (or the ones named): one OTLP export every interval,
+    /// one ResourceProfiles per process, until SIGINT/SIGTERM.
+    Agent {
+        /// Seconds between exports.
+        #[arg(long, default_value_t = 10.0, value_parser = parse_interval)]
+        interval: f64,
+        /// On-CPU samples per second per CPU.
+        #[arg(long, default_value_t = 99, value_parser = parse_profile_hz)]
+        hz: u64,
+        /// Also record off-CPU time: the stack and span of every wait, and how long it lasted.
+        #[arg(long)]
+        off_cpu: bool,
+        /// Send every export to this OTLP receiver: grpc://host:port (OTLP/gRPC, default port 4317)
+        /// or http://host:port[/path] (OTLP/HTTP protobuf, default port 4318 and path /v1development/profiles).
+        #[arg(long)]
+        otlp_endpoint: Option<String>,
+        /// Protocol to use whatever the endpoint's scheme says.
+        #[arg(long, value_enum)]
+        otlp_protocol: Option<agent::export::Protocol>,
+        /// Write every export to this directory, one OTLP ProfilesData protobuf file each.
+        #[arg(long)]
+        output_dir: Option<std::path::PathBuf>,
+        /// Size bound of --output-dir's profiles in MiB: the oldest files are removed past it.
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+        output_max_mib: u64,
+        /// Profile this process (repeatable), whether or not it publishes a thread context.
+        /// Default: every process that publishes one.
+        #[arg(long = "pid")]
+        pids: Vec<i32>,
+        /// Profile processes whose command name or executable file name contains NAME (repeatable),
+        /// whether or not they publish a thread context.
+        #[arg(long = "process-name", value_name = "NAME")]
+        process_names: Vec<String>,
+    },
+    /// Checks OTLP ProfilesData protobuf files (as `profile --format otlp` and `agent --output-dir`
+    /// write them) against the profiling SIG's conformance rules; exit status 1 when one breaks a rule.
+    CheckOtlp {
+        /// Files to check.
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
+}
+
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.1..=3_600.0).contains(&v) => Ok(v),
+        _ => Err("must be a number of seconds in [0.1, 3600]".into()),
+    }
 }
 
 fn parse_profile_hz(s: &str) -> Result<u64, String> {
@@ -147,6 +197,80 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     signals::install_handlers();
     match cli.command {
+        Command::Agent {
+            interval,
+            hz,
+            off_cpu,
+            otlp_endpoint,
+            otlp_protocol,
+            output_dir,
+            output_max_mib,
+            pids,
+            process_names,
+        } => {
+            let endpoint = match otlp_endpoint
+                .map(|url| agent::export::parse_endpoint(&url, otlp_protocol))
+                .transpose()
+            {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("otel-thread-ctx: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            if let Some(bad) = pids.iter().find(|&&p| p <= 0) {
+                eprintln!("otel-thread-ctx: invalid pid {bad}");
+                return ExitCode::from(2);
+            }
+            let opts = agent::Options {
+                interval: Duration::from_secs_f64(interval),
+                hz,
+                off_cpu,
+                output_dir,
+                output_max_bytes: output_max_mib * 1024 * 1024,
+                endpoint,
+                selection: agent::processes::Selection {
+                    pids,
+                    names: process_names,
+                },
+            };
+            match agent::run(&opts) {
+                Err(e) => {
+                    eprintln!("otel-thread-ctx: {e}");
+                    ExitCode::from(2)
+                }
+                Ok(lines) => {
+                    for line in &lines {
+                        eprintln!("{line}");
+                    }
+                    ExitCode::SUCCESS
+                }
+            }
+        }
+        Command::CheckOtlp { files } => {
+            let mut conformant = true;
+            for path in &files {
+                match profile::conformance::check_file(path) {
+                    Err(e) => {
+                        eprintln!("otel-thread-ctx: {}: {e}", path.display());
+                        return ExitCode::from(2);
+                    }
+                    Ok(violations) if violations.is_empty() => {
+                        emit(&format!("{}: conformant\n", path.display()))
+                    }
+                    Ok(violations) => {
+                        conformant = false;
+                        let mut text =
+                            format!("{}: {} violations\n", path.display(), violations.len());
+                        for v in violations {
+                            text.push_str(&format!("  {v}\n"));
+                        }
+                        emit(&text);
+                    }
+                }
+            }
+            ExitCode::from(if conformant { 0 } else { 1 })
+        }
         Command::Profile {
             pid,
             duration,

@@ -194,3 +194,19 @@ pub struct KeyValueAndUnit {
     #[prost(int32, tag = "3")]
     pub unit_strindex: i32,
 }
+
+/// `opentelemetry.proto.collector.profiles.v1development.ExportProfilesServiceResponse`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ExportProfilesServiceResponse {
+    #[prost(message, optional, tag = "1")]
+    pub partial_success: Option<ExportProfilesPartialSuccess>,
+}
+
+/// `ExportProfilesPartialSuccess`: what the receiver did not accept.
+#[derive(Clone, PartialEq, Message)]
+pub struct ExportProfilesPartialSuccess {
+    #[prost(int64, tag = "1")]
+    pub rejected_profiles: i64,
+    #[prost(string, tag = "2")]
+    pub error_message: String,
+}

@@ -9,6 +9,7 @@
 // Without the BPF program only the output side is built (and unit-tested).
 #![cfg_attr(not(profile_bpf), allow(dead_code, unused_imports))]
 
+pub mod conformance;
 pub mod flame;
 pub mod jsonl;
 pub mod kernel;
@@ -110,7 +111,7 @@ const CAP_BPF: u32 = 39;
 
 /// Whether this process may load tracing BPF programs and open system-wide
 /// perf events: root's capabilities, or CAP_BPF with CAP_PERFMON.
-fn privileged() -> bool {
+pub(crate) fn privileged() -> bool {
     let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
         return false;
     };
@@ -125,7 +126,7 @@ fn privileged() -> bool {
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
 
-fn unix_now_ns() -> u64 {
+pub(crate) fn unix_now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -144,7 +145,7 @@ fn process_context(
 
 /// Re-reads the process context of a live process; `None` when it is gone
 /// or publishes none.
-fn current_process_context(pid: i32) -> Option<(Option<Resource>, Vec<String>)> {
+pub(crate) fn current_process_context(pid: i32) -> Option<(Option<Resource>, Vec<String>)> {
     let maps = crate::maps::read(pid).ok()?;
     let (_, memory) = crate::target::open_memory(pid).ok()?;
     let found = process_context(&maps, &memory);
@@ -181,9 +182,23 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
         return Err(ProfileError::Unprivileged.into());
     }
     let target = Target::open(opts.pid)?;
+    let (plan, mut lines) = target_plan(opts.pid, &target);
+    let pool = if opts.threadpool {
+        threadpool::find(opts.pid, &target.maps)
+            .map_err(|why| lines.push(format!("threadpool: not attributed: {why}")))
+            .ok()
+    } else {
+        lines.push("threadpool: not attributed (--no-threadpool)".into());
+        None
+    };
+    sample(opts, target, plan, pool, lines)
+}
+
+/// How the BPF program reads `pid`'s thread context, and what the summary
+/// says about it: the record schema's first module, and every module that
+/// defines the Node.js schema's variable (the program tries each in turn).
+pub fn target_plan(pid: i32, target: &Target) -> (kernel::TargetPlan, Vec<String>) {
     let mut lines = Vec::new();
-    // The record schema's first module, and every module that defines the
-    // Node.js schema's variable (the program tries each in turn).
     let modules = target
         .module
         .iter()
@@ -222,21 +237,13 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
     }
     let layout = crate::process_context::lookup(&target.maps, &target.memory).v8_layout();
     let plan = kernel::TargetPlan::new(
-        opts.pid as u32,
+        pid as u32,
         record_plan.as_ref(),
         &nodejs_plans,
         layout,
         crate::tls::HOST.dtv_pointer_offset,
     );
-    let pool = if opts.threadpool {
-        threadpool::find(opts.pid, &target.maps)
-            .map_err(|why| lines.push(format!("threadpool: not attributed: {why}")))
-            .ok()
-    } else {
-        lines.push("threadpool: not attributed (--no-threadpool)".into());
-        None
-    };
-    sample(opts, target, plan, pool, lines)
+    (plan, lines)
 }
 
 #[cfg(not(profile_bpf))]
@@ -461,7 +468,7 @@ fn sample(
 
 /// CPU time this process used so far (user and system), in nanoseconds.
 #[cfg(profile_bpf)]
-fn own_cpu_ns() -> u64 {
+pub(crate) fn own_cpu_ns() -> u64 {
     // SAFETY: getrusage writes into the zeroed struct it is given.
     let usage = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
@@ -492,7 +499,7 @@ fn truncated_stacks(on_cpu: &unwind::Wholeness, off_cpu: Option<&unwind::Wholene
 }
 
 /// The Resource with `process.pid` added when the process context lacks it.
-fn with_pid(resource: Option<Resource>, pid: i32) -> Resource {
+pub(crate) fn with_pid(resource: Option<Resource>, pid: i32) -> Resource {
     let mut r = resource.unwrap_or(Resource {
         attributes: Vec::new(),
         dropped_attributes_count: 0,

@@ -38,12 +38,12 @@ impl Dictionary {
         d.d.mapping_table.push(Default::default());
         d.d.location_table.push(Default::default());
         d.d.function_table.push(Default::default());
-        d.d.link_table.push(Link {
-            trace_id: vec![0; 16],
-            span_id: vec![0; 8],
-        });
+        // The zero Link has no field set (not 16 and 8 zero bytes).
+        d.d.link_table.push(Link::default());
         d.d.attribute_table.push(Default::default());
         d.d.stack_table.push(Default::default());
+        // A sample without frames uses the zero Stack rather than a copy.
+        d.stacks.insert(Vec::new(), 0);
         d
     }
 
@@ -140,65 +140,31 @@ impl Dictionary {
     }
 }
 
-/// Builds the request: the same message as `ProfilesData`, field for field.
-pub fn request(p: &Profile, resource: Resource) -> ExportProfilesServiceRequest {
-    let mut dict = Dictionary::new();
-    let profile_of = |kind: Kind, dict: &mut Dictionary| {
-        let (type_name, period_name) = match kind {
-            Kind::OnCpu => ("cpu", "cpu"),
-            Kind::OffCpu => ("off_cpu", "context_switch"),
-        };
-        let sample_type = ValueType {
-            type_strindex: dict.string(type_name),
-            unit_strindex: dict.string("nanoseconds"),
-        };
-        let mut out = OtlpProfile {
-            sample_type: Some(sample_type),
-            time_unix_nano: p.start_unix_ns,
-            duration_nano: p.duration_ns,
-            ..Default::default()
-        };
-        if kind == Kind::OnCpu {
-            out.period_type = Some(ValueType {
-                type_strindex: dict.string("cpu"),
-                unit_strindex: dict.string("nanoseconds"),
-            });
-            out.period = p.period_ns as i64;
-        } else {
-            out.period_type = Some(ValueType {
-                type_strindex: dict.string(period_name),
-                unit_strindex: dict.string("count"),
-            });
-            out.period = 1;
+/// Builds one request from the profiles of several processes: one
+/// ResourceProfiles each, all sharing one dictionary.
+pub struct RequestBuilder {
+    dict: Dictionary,
+    resource_profiles: Vec<ResourceProfiles>,
+}
+
+impl Default for RequestBuilder {
+    fn default() -> Self {
+        RequestBuilder {
+            dict: Dictionary::new(),
+            resource_profiles: Vec::new(),
         }
-        for e in p.entries.iter().filter(|e| e.kind == kind) {
-            let mut attribute_indices = vec![
-                dict.int("thread.id", e.tid as i64),
-                dict.text("thread.name", &e.thread_name),
-                dict.text("thread.state", e.state.name()),
-            ];
-            if e.threadpool {
-                attribute_indices.push(dict.text("thread.pool", "true"));
-            }
-            for (k, v) in &e.attributes {
-                attribute_indices.push(dict.text(k, v));
-            }
-            out.samples.push(Sample {
-                stack_index: dict.stack(&e.frames),
-                attribute_indices,
-                link_index: e.span.map_or(0, |s| dict.link(s.trace_id, s.span_id)),
-                values: e.events.iter().map(|&(_, v)| v as i64).collect(),
-                timestamps_unix_nano: e.events.iter().map(|&(t, _)| p.unix_ns(t)).collect(),
-            });
-        }
-        out
-    };
-    let mut profiles = vec![profile_of(Kind::OnCpu, &mut dict)];
-    if p.off_cpu {
-        profiles.push(profile_of(Kind::OffCpu, &mut dict));
     }
-    ExportProfilesServiceRequest {
-        resource_profiles: vec![ResourceProfiles {
+}
+
+impl RequestBuilder {
+    /// Adds one process's profile under its resource.
+    pub fn add(&mut self, p: &Profile, resource: Resource) {
+        let dict = &mut self.dict;
+        let mut profiles = vec![profile_of(p, Kind::OnCpu, dict)];
+        if p.off_cpu {
+            profiles.push(profile_of(p, Kind::OffCpu, dict));
+        }
+        self.resource_profiles.push(ResourceProfiles {
             resource: Some(resource),
             scope_profiles: vec![ScopeProfiles {
                 scope: Some(InstrumentationScope {
@@ -209,9 +175,80 @@ pub fn request(p: &Profile, resource: Resource) -> ExportProfilesServiceRequest 
                 schema_url: String::new(),
             }],
             schema_url: String::new(),
-        }],
-        dictionary: Some(dict.d),
+        });
     }
+
+    /// No process was added.
+    pub fn is_empty(&self) -> bool {
+        self.resource_profiles.is_empty()
+    }
+
+    pub fn finish(self) -> ExportProfilesServiceRequest {
+        ExportProfilesServiceRequest {
+            resource_profiles: self.resource_profiles,
+            dictionary: Some(self.dict.d),
+        }
+    }
+}
+
+/// Builds the request of one process: the same message as `ProfilesData`,
+/// field for field.
+pub fn request(p: &Profile, resource: Resource) -> ExportProfilesServiceRequest {
+    let mut b = RequestBuilder::default();
+    b.add(p, resource);
+    b.finish()
+}
+
+/// The CPU or off-CPU profile of `p`, its names and links in `dict`.
+fn profile_of(p: &Profile, kind: Kind, dict: &mut Dictionary) -> OtlpProfile {
+    let (type_name, period_name) = match kind {
+        Kind::OnCpu => ("cpu", "cpu"),
+        Kind::OffCpu => ("off_cpu", "context_switch"),
+    };
+    let sample_type = ValueType {
+        type_strindex: dict.string(type_name),
+        unit_strindex: dict.string("nanoseconds"),
+    };
+    let mut out = OtlpProfile {
+        sample_type: Some(sample_type),
+        time_unix_nano: p.start_unix_ns,
+        duration_nano: p.duration_ns,
+        ..Default::default()
+    };
+    if kind == Kind::OnCpu {
+        out.period_type = Some(ValueType {
+            type_strindex: dict.string("cpu"),
+            unit_strindex: dict.string("nanoseconds"),
+        });
+        out.period = p.period_ns as i64;
+    } else {
+        out.period_type = Some(ValueType {
+            type_strindex: dict.string(period_name),
+            unit_strindex: dict.string("count"),
+        });
+        out.period = 1;
+    }
+    for e in p.entries.iter().filter(|e| e.kind == kind) {
+        let mut attribute_indices = vec![
+            dict.int("thread.id", e.tid as i64),
+            dict.text("thread.name", &e.thread_name),
+            dict.text("thread.state", e.state.name()),
+        ];
+        if e.threadpool {
+            attribute_indices.push(dict.text("thread.pool", "true"));
+        }
+        for (k, v) in &e.attributes {
+            attribute_indices.push(dict.text(k, v));
+        }
+        out.samples.push(Sample {
+            stack_index: dict.stack(&e.frames),
+            attribute_indices,
+            link_index: e.span.map_or(0, |s| dict.link(s.trace_id, s.span_id)),
+            values: e.events.iter().map(|&(_, v)| v as i64).collect(),
+            timestamps_unix_nano: e.events.iter().map(|&(t, _)| p.unix_ns(t)).collect(),
+        });
+    }
+    out
 }
 
 /// The file form.
@@ -315,13 +352,7 @@ mod tests {
         let d = ProfilesData::decode(&bytes[..]).unwrap();
         let dict = d.dictionary.unwrap();
         assert_eq!(dict.string_table[0], "");
-        assert_eq!(
-            dict.link_table[0],
-            Link {
-                trace_id: vec![0; 16],
-                span_id: vec![0; 8]
-            }
-        );
+        assert_eq!(dict.link_table[0], Link::default());
         assert_eq!(dict.stack_table[0], Stack::default());
         let rp = &d.resource_profiles[0];
         assert_eq!(
