@@ -192,7 +192,13 @@ test('profile', { skip: skip ?? false }, async (t) => {
         assert.strictEqual(s.values.length, s.timestampsUnixNano.length);
       }
       assert.ok(linked.some((s) => dict.linkTable[s.linkIndex].spanId.toString('hex') === worker.span.spanId));
+      // The zero Link: no field set (not 16 and 8 zero bytes).
+      assert.ok(!dict.linkTable[0].traceId?.length && !dict.linkTable[0].spanId?.length, 'link_table[0] is not empty');
     }
+    // The profiling SIG's conformance rules, as `check-otlp` applies them.
+    const check = spawnSync(READER, ['check-otlp', out], { encoding: 'utf8' });
+    assert.strictEqual(check.status, 0, check.stdout + check.stderr);
+    assert.match(check.stdout, /: conformant$/m);
   });
 
   await t.test('svg on SIGINT: whole-run and per-trace flame graphs are written', async () => {

@@ -1,0 +1,303 @@
+'use strict';
+// `otel-thread-ctx agent` against live Node services (main thread and a
+// worker each, in known spans; fixtures/profiled-service.js), one in record
+// mode and one in the default mode (frame mode where the Node line has it),
+// started before and after the agent. Read back with readers written
+// elsewhere: protobufjs with an independent .proto for the --output-dir
+// files, and a real OpenTelemetry Collector (built with the Collector
+// builder, tools/collector.js) for OTLP/gRPC and OTLP/HTTP, whose own
+// exporter forwards what it accepted to a receiver started here. Needs root
+// (BPF) and a reader built with its BPF program; the Collector parts need
+// Go. Skips with the reason otherwise.
+const test = require('node:test');
+const assert = require('node:assert');
+const fs = require('node:fs');
+const http = require('node:http');
+const net = require('node:net');
+const os = require('node:os');
+const path = require('node:path');
+const { spawn, spawnSync } = require('node:child_process');
+const protobuf = require('protobufjs');
+const { jsonLines, exited } = require('./helpers');
+const { onLines } = require('../tools/subprocess');
+const { collectorBinary, startCollector } = require('../tools/collector');
+
+const READER = require('../js/native').readerPath();
+const SERVICE = path.join(__dirname, 'fixtures', 'profiled-service.js');
+const Request = protobuf.loadSync(path.join(__dirname, 'fixtures', 'profiles.proto')).lookupType('otlp.profiles.test.ExportProfilesServiceRequest');
+
+/** Why the agent tests cannot run here, or null. */
+function unavailable() {
+  if (READER === null) return 'the reader is not built (npm install builds it)';
+  if (process.getuid() !== 0) return 'the agent loads BPF programs: run the tests as root';
+  const probe = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
+  if (/no kernel sampler/.test(probe.stderr)) return probe.stderr.trim();
+  return null;
+}
+
+const skip = unavailable();
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-agent-'));
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Waits until `check()` returns a truthy value (polling), or fails saying what was awaited. */
+async function until(what, check, { timeoutMs = 120000, explain = () => '' } = {}) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}${explain()}`);
+    await sleep(250);
+  }
+}
+
+/** What `seen` holds, for a failure message. */
+function describe(seen) {
+  return [...seen]
+    .map(([pid, p]) => `\npid ${pid}: ${JSON.stringify(p.resource)}; links ${JSON.stringify([...p.links])}; threads ${[...p.threads]}; ${[...p.functions].filter((f) => /spinCpu/.test(f)).length} spinCpu frames`)
+    .join('');
+}
+
+/** A service in `mode` (undefined: the default) named `name`; resolves with its ids once both threads run. */
+async function startService(t, name, mode) {
+  const env = { ...process.env, SERVICE_NAME: name };
+  delete env.OTEL_THREAD_CTX_MODE;
+  if (mode) env.OTEL_THREAD_CTX_MODE = mode;
+  const child = spawn(process.execPath, ['--perf-basic-prof', SERVICE], { cwd: tmp, env, stdio: ['ignore', 'pipe', 'inherit'] });
+  t.after(() => {
+    child.kill('SIGKILL');
+    fs.rmSync(`/tmp/perf-${child.pid}.map`, { force: true });
+  });
+  const ids = await jsonLines(child.stdout).next(`the line of service ${name}`);
+  return { child, ids, name };
+}
+
+/** Starts the agent; `waitFor(re)` resolves with the first log line matching `re`. */
+function startAgent(t, args) {
+  const child = spawn(READER, ['agent', ...args], { cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
+  const lines = [];
+  const waiters = [];
+  const take = (line) => {
+    lines.push(line);
+    for (const w of waiters) if (!w.done && w.re.test(line)) (w.done = true), w.resolve(line);
+  };
+  onLines(child.stderr, take);
+  child.stdout.resume();
+  t.after(() => child.kill('SIGKILL'));
+  const waitFor = (re, what = String(re)) => {
+    const seen = lines.find((l) => re.test(l));
+    if (seen) return Promise.resolve(seen);
+    return new Promise((resolve, reject) => {
+      const w = { re, resolve, done: false };
+      waiters.push(w);
+      child.once('exit', (code, signal) => {
+        if (!w.done) reject(new Error(`the agent exited (${code ?? signal}) before ${what}:\n${lines.join('\n')}`));
+      });
+    });
+  };
+  const stop = async () => {
+    child.kill('SIGTERM');
+    const code = await exited(child, 30000);
+    return { code, log: lines.join('\n') };
+  };
+  return { child, lines, waitFor, stop };
+}
+
+/**
+ * What an export says about each process: by pid, its Resource attributes,
+ * the spans its samples link to (span id -> trace id), the JavaScript
+ * function names in its stacks, the profile types, and the samples'
+ * thread ids.
+ */
+function byProcess(bytes) {
+  const msg = Request.toObject(Request.decode(bytes), { longs: Number, bytes: Buffer, defaults: false });
+  const dict = msg.dictionary;
+  const str = (i) => dict.stringTable[i ?? 0];
+  // A string may be given inline or, as the Collector re-encodes profiles
+  // (proto v1.11), as an index into the dictionary's string table.
+  const value = (v) => v.stringValue ?? (v.stringValueStrindex !== undefined ? str(v.stringValueStrindex) : v.intValue);
+  const key = (kv) => kv.key || str(kv.keyStrindex);
+  const out = new Map();
+  for (const rp of msg.resourceProfiles ?? []) {
+    const resource = Object.fromEntries(rp.resource.attributes.map((kv) => [key(kv), value(kv.value)]));
+    const p = { resource, links: new Map(), functions: new Set(), types: [], threads: new Set() };
+    for (const profile of rp.scopeProfiles[0].profiles) {
+      p.types.push(str(profile.sampleType.typeStrindex));
+      for (const s of profile.samples ?? []) {
+        if (s.linkIndex) {
+          const link = dict.linkTable[s.linkIndex];
+          p.links.set(link.spanId.toString('hex'), link.traceId.toString('hex'));
+        }
+        for (const i of s.attributeIndices ?? []) {
+          const kv = dict.attributeTable[i];
+          if (str(kv.keyStrindex) === 'thread.id') p.threads.add(Number(value(kv.value)));
+        }
+        for (const l of dict.stackTable[s.stackIndex ?? 0].locationIndices ?? []) {
+          for (const line of dict.locationTable[l].lines ?? []) p.functions.add(str(dict.functionTable[line.functionIndex ?? 0].nameStrindex));
+        }
+      }
+    }
+    out.set(Number(resource['process.pid']), p);
+  }
+  return out;
+}
+
+/** Merges the per-process views of several exports. */
+function merge(into, from) {
+  for (const [pid, p] of from) {
+    const q = into.get(pid);
+    if (!q) {
+      into.set(pid, p);
+      continue;
+    }
+    for (const [k, v] of p.links) q.links.set(k, v);
+    for (const f of p.functions) q.functions.add(f);
+    for (const tid of p.threads) q.threads.add(tid);
+    q.types = [...new Set([...q.types, ...p.types])];
+  }
+  return into;
+}
+
+/** Whether `seen` shows `service` whole: its resource, both threads' spans with their traces, JS names. */
+function complete(seen, service) {
+  const p = seen.get(service.ids.pid);
+  if (!p) return false;
+  const { main, worker } = service.ids;
+  return (
+    p.resource['service.name'] === service.name &&
+    p.links.get(main.cpu.spanId) === main.cpu.traceId &&
+    p.links.get(worker.span.spanId) === worker.span.traceId &&
+    [...p.functions].some((f) => /spinCpu/.test(f)) &&
+    p.threads.has(main.tid) &&
+    p.threads.has(worker.tid)
+  );
+}
+
+function assertComplete(seen, service) {
+  const p = seen.get(service.ids.pid);
+  assert.ok(p, `no profile of pid ${service.ids.pid}`);
+  assert.strictEqual(p.resource['service.name'], service.name);
+  assert.strictEqual(p.resource['process.executable.path'], fs.readlinkSync(`/proc/${service.ids.pid}/exe`));
+  assert.strictEqual(p.resource['process.runtime.name'], 'nodejs');
+  assert.strictEqual(p.links.get(service.ids.main.cpu.spanId), service.ids.main.cpu.traceId);
+  assert.strictEqual(p.links.get(service.ids.worker.span.spanId), service.ids.worker.span.traceId);
+  assert.ok([...p.functions].some((f) => /spinCpu/.test(f)), `no spinCpu frame in ${[...p.functions].slice(0, 50)}`);
+  // Every link is to a span the service made.
+  const known = new Set([service.ids.main.cpu.spanId, service.ids.main.wait.spanId, service.ids.worker.span.spanId]);
+  for (const spanId of p.links.keys()) assert.ok(known.has(spanId), `pid ${service.ids.pid} links to an unknown span ${spanId}`);
+}
+
+/** A TCP port free right now on 127.0.0.1. */
+function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer().listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+// Frame mode where this Node line has it (24 and later by default), record mode elsewhere.
+const DEFAULT_MODE_LABEL = Number(process.versions.node.split('.')[0]) >= 24 ? 'frame' : 'record';
+
+test('agent: --output-dir, processes started before and after it, exits noticed', { skip: skip ?? false }, async (t) => {
+  const before = await startService(t, 'agent-before', 'record');
+  const dir = path.join(tmp, 'out');
+  const agent = startAgent(t, ['--interval', '1', '--off-cpu', '--output-dir', dir, '--output-max-mib', '64']);
+  await agent.waitFor(new RegExp(`profiling pid ${before.ids.pid} `), 'the service started before it');
+  const after = await startService(t, `agent-after-${DEFAULT_MODE_LABEL}`, undefined);
+  await agent.waitFor(new RegExp(`profiling pid ${after.ids.pid} `), 'the service started after it');
+  const read = new Set();
+  const seen = new Map();
+  await until('both services whole in the files', () => {
+    for (const name of fs.readdirSync(dir).filter((n) => n.endsWith('.otlp.pb')).sort()) {
+      if (read.has(name)) continue;
+      read.add(name);
+      merge(seen, byProcess(fs.readFileSync(path.join(dir, name))));
+    }
+    return complete(seen, before) && complete(seen, after);
+  }, { explain: () => describe(seen) });
+  assertComplete(seen, before);
+  assertComplete(seen, after);
+  assert.deepStrictEqual(seen.get(before.ids.pid).types.sort(), ['cpu', 'off_cpu']);
+  // An exit is noticed, and the agent goes on.
+  after.child.kill('SIGKILL');
+  await agent.waitFor(new RegExp(`pid ${after.ids.pid} exited`), 'the exit of the later service');
+  const { code, log } = await agent.stop();
+  assert.strictEqual(code, 0, log);
+  assert.match(log, /ended by signal 15/);
+  assert.match(log, /profiled \d+ processes: \d+ samples/);
+  // Every file the agent wrote passes the conformance rules.
+  const files = fs.readdirSync(dir).filter((n) => n.endsWith('.otlp.pb')).map((n) => path.join(dir, n));
+  assert.ok(files.length >= 2, `only ${files.length} files`);
+  const check = spawnSync(READER, ['check-otlp', ...files], { encoding: 'utf8' });
+  assert.strictEqual(check.status, 0, check.stdout + check.stderr);
+  assert.strictEqual(check.stdout.trim().split('\n').length, files.length);
+});
+
+test('agent: OTLP/gRPC and OTLP/HTTP to a real Collector, which goes away and comes back', { skip: skip ?? false, timeout: 900000 }, async (t) => {
+  const got = collectorBinary();
+  if (got.reason) return t.skip(got.reason);
+  // What the Collector exports: decoded as it arrives, with its arrival time.
+  const received = [];
+  const sink = http.createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      if (req.url === '/v1development/profiles') received.push({ at: Date.now(), seen: byProcess(Buffer.concat(chunks)) });
+      res.writeHead(200, { 'content-type': 'application/x-protobuf' }).end();
+    });
+  });
+  await new Promise((resolve) => sink.listen(0, '127.0.0.1', resolve));
+  t.after(() => sink.close());
+  const ports = { grpcPort: await freePort(), httpPort: await freePort() };
+  const options = { ...ports, sinkUrl: `http://127.0.0.1:${sink.address().port}`, dir: tmp };
+  let collector = await startCollector(got.binary, options);
+  t.after(() => collector.stop());
+  const seenSince = (since) => received.filter((r) => r.at >= since).reduce((all, r) => merge(all, r.seen), new Map());
+
+  const record = await startService(t, 'agent-grpc-record', 'record');
+  const other = await startService(t, `agent-grpc-${DEFAULT_MODE_LABEL}`, undefined);
+  const agent = startAgent(t, ['--interval', '1', '--otlp-endpoint', `grpc://127.0.0.1:${ports.grpcPort}`, '--pid', String(record.ids.pid), '--pid', String(other.ids.pid)]);
+  await until('both services whole through the Collector over gRPC', () => complete(seenSince(0), record) && complete(seenSince(0), other), {
+    explain: () => describe(seenSince(0)),
+  });
+  assertComplete(seenSince(0), record);
+  assertComplete(seenSince(0), other);
+
+  await t.test('the Collector goes away and comes back: the agent keeps sampling and resumes', async () => {
+    await collector.stop();
+    await agent.waitFor(/exporter: .*failed attempts/, 'a failed export');
+    assert.strictEqual(agent.child.exitCode, null, 'the agent is still running');
+    const restarted = Date.now();
+    collector = await startCollector(got.binary, options);
+    await until('exports again after the restart', () => complete(seenSince(restarted), record), { explain: () => describe(seenSince(restarted)) });
+    assert.strictEqual(agent.child.exitCode, null);
+    const { code, log } = await agent.stop();
+    assert.strictEqual(code, 0, log);
+    assert.match(log, /exporter: [1-9]\d* sent, [1-9]\d* failed attempts/);
+  });
+
+  await t.test('OTLP/HTTP', async () => {
+    const since = Date.now();
+    const overHttp = startAgent(t, ['--interval', '1', '--otlp-endpoint', `http://127.0.0.1:${ports.httpPort}`, '--pid', String(other.ids.pid)]);
+    await until('the service whole through the Collector over HTTP', () => complete(seenSince(since), other), { explain: () => describe(seenSince(since)) });
+    assertComplete(seenSince(since), other);
+    const { code, log } = await overHttp.stop();
+    assert.strictEqual(code, 0, log);
+    assert.match(log, /exporter: [1-9]\d* sent/);
+  });
+});
+
+test('agent: bad flags are usage errors', { skip: READER === null ? 'the reader is not built' : false }, () => {
+  for (const [args, re] of [
+    [['--interval', '0'], /--interval/],
+    [['--otlp-endpoint', 'https://collector:4318'], /TLS is not supported/],
+    [['--otlp-endpoint', 'collector:4317'], /expected grpc:\/\/host:port or http:\/\/host:port/],
+    [['--pid', '0', '--output-dir', tmp], /invalid pid 0/],
+    [[], /needs somewhere to export/],
+  ]) {
+    const r = spawnSync(READER, ['agent', ...args], { encoding: 'utf8' });
+    assert.strictEqual(r.status, 2, `${args}: ${r.stderr}`);
+    assert.match(r.stderr, re);
+  }
+});
