@@ -183,10 +183,17 @@ fn sample(
             .name("build".into())
             .spawn(move || {
                 let host_name = resource::host_name();
+                // Kept across exports: it caches the symbol tables it read.
+                let symbolizer = blazesym::symbolize::Symbolizer::new();
                 for job in jobs {
                     let processes = job.intervals.len();
-                    let Some(req) = request::build(job.intervals, job.window, settings, &host_name)
-                    else {
+                    let Some(req) = request::build(
+                        job.intervals,
+                        job.window,
+                        settings,
+                        &host_name,
+                        &symbolizer,
+                    ) else {
                         continue;
                     };
                     exports.fetch_add(1, Ordering::Relaxed);

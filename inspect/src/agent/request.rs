@@ -4,6 +4,7 @@
 //! Runs on the building thread: naming takes time the sampling side does
 //! not have.
 
+use blazesym::symbolize::Symbolizer;
 use otel_thread_ctx_otlp::profiles::ExportProfilesServiceRequest;
 
 use super::profiled::Interval;
@@ -33,6 +34,7 @@ pub fn build(
     window: Window,
     settings: Settings,
     host_name: &str,
+    symbolizer: &Symbolizer,
 ) -> Option<ExportProfilesServiceRequest> {
     let mut builder = RequestBuilder::default();
     for interval in intervals {
@@ -58,7 +60,7 @@ pub fn build(
             duration_ns: window.duration_ns + back,
             entries: Vec::new(),
         };
-        let names = interval.collector.finish();
+        let names = interval.collector.finish_with(symbolizer);
         let profile = model::build(
             base,
             &interval.samples,

@@ -80,7 +80,13 @@ impl Collector {
 
     /// Names every address seen.
     pub fn finish(self) -> Names {
-        let symbolizer = Symbolizer::new();
+        self.finish_with(&Symbolizer::new())
+    }
+
+    /// Names every address seen with `symbolizer`, which keeps what it
+    /// parsed (ELF symbol tables, kallsyms) for the next call: the agent
+    /// names every interval with one.
+    pub fn finish_with(self, symbolizer: &Symbolizer) -> Names {
         let mut names = Names::default();
         let mut by_file: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
         let mut anonymous = Vec::new();
