@@ -18,7 +18,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const protobuf = require('protobufjs');
-const { jsonLines, exited } = require('./helpers');
+const { jsonLines, exited, profileUnavailable } = require('./helpers');
 const { onLines } = require('../tools/subprocess');
 const { collectorBinary, startCollector } = require('../tools/collector');
 
@@ -26,16 +26,8 @@ const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'profiled-service.js');
 const Request = protobuf.loadSync(path.join(__dirname, 'fixtures', 'profiles.proto')).lookupType('otlp.profiles.test.ExportProfilesServiceRequest');
 
-/** Why the agent tests cannot run here, or null. */
-function unavailable() {
-  if (READER === null) return 'the reader is not built (npm install builds it)';
-  if (process.getuid() !== 0) return 'the agent loads BPF programs: run the tests as root';
-  const probe = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
-  if (/no kernel sampler/.test(probe.stderr)) return probe.stderr.trim();
-  return null;
-}
-
-const skip = unavailable();
+// The agent needs what profile needs.
+const skip = profileUnavailable(READER);
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-agent-'));
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
