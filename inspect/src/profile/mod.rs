@@ -268,7 +268,6 @@ fn sample(
     let pid = opts.pid;
     let mut loaded =
         kernel::Loaded::attach(opts.hz, opts.off_cpu.is_some(), 1).map_err(ProfileError::from)?;
-    loaded.add_target(&plan).map_err(ProfileError::from)?;
     // A threadpool probe that cannot be attached does not stop the profile.
     let pool = pool.and_then(|p| match loaded.attach_threadpool(plan.tgid, &p) {
         Ok(()) => Some(p),
@@ -285,9 +284,12 @@ fn sample(
             p.module
         ));
     }
+    // Sampling begins with the target's entry, after every probe is
+    // attached: the run starts just before it, so it holds every sample.
     let start_monotonic_ns = thread::monotonic_ns();
     let start_unix_ns = unix_now_ns();
     let started = Instant::now();
+    loaded.add_target(&plan).map_err(ProfileError::from)?;
     let mut collector = symbolize::Collector::new(pid, target.maps.clone());
     let mut stacks = unwind::Stacks::new(pid, target.maps.clone());
     let mut samples = Vec::new();
