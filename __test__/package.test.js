@@ -161,6 +161,7 @@ test('the tarball holds sources and JS, no build output', () => {
   assert.ok(files.includes('package/bin/otel-thread-ctx.js'));
   assert.ok(files.includes('package/Cargo.lock'));
   assert.ok(files.includes('package/register.js'), 'the early-load entry point');
+  assert.ok(files.includes('package/docs/agent.md'), 'the documents README links to');
   for (const f of files) {
     assert.ok(!/^package\/(target|node_modules)\//.test(f), f);
     assert.ok(!f.endsWith('.node') && f !== 'package/bin/otel-thread-ctx', `${f} is a build output`);
