@@ -34,8 +34,10 @@ const suites = fs
   .sort()
   .map((f) => path.join('__test__', f));
 console.log(`node ${process.version}: ${suites.length} suites`);
+// A test that hangs fails after half an hour instead of holding the run
+// (tests that need longer say so themselves).
 const nodePassed = run(process.execPath, [
-  '--test', '--test-concurrency=1',
+  '--test', '--test-concurrency=1', '--test-timeout=1800000',
   '--test-reporter=spec', '--test-reporter-destination=stdout',
   `--test-reporter=${path.join(__dirname, 'test-summary.mjs')}`, '--test-reporter-destination=stdout',
   ...suites,

@@ -112,53 +112,63 @@ fn ptrace(request: libc::c_uint, tid: i32, addr: usize, data: usize) -> libc::c_
     unsafe { libc::ptrace(request, tid, addr, data) }
 }
 
-/// Blocking `waitpid` for `tid` that returns `None` once `deadline` passes.
-/// A periodic SIGALRM makes the wait return EINTR so the deadline is checked
-/// even if one alarm fires before the call blocks.
-fn wait_stop(tid: i32, deadline: Instant, blocking: bool) -> Option<i32> {
-    let slice = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 2000,
-    };
-    let timer = libc::itimerval {
-        it_interval: slice,
-        it_value: slice,
-    };
-    if blocking {
+/// A periodic SIGALRM while it lives: blocking calls return EINTR (or, for
+/// PTRACE_SEIZE, are restarted by the kernel) every few milliseconds, so a
+/// deadline is checked even if one alarm fires before the call blocks, and
+/// the alarm's handler reaps exited tracees (signals.rs says why).
+struct AlarmTicks;
+
+impl AlarmTicks {
+    fn start() -> AlarmTicks {
+        let slice = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 2000,
+        };
+        let timer = libc::itimerval {
+            it_interval: slice,
+            it_value: slice,
+        };
         // SAFETY: plain system call with a valid itimerval.
         unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
+        AlarmTicks
     }
-    let mut status = 0;
-    let result = loop {
-        let flags = libc::__WALL | if blocking { 0 } else { libc::WNOHANG };
-        // SAFETY: `status` is a valid out-pointer.
-        let r = unsafe { libc::waitpid(tid, &mut status, flags) };
-        if r == tid {
-            break Some(status);
-        }
-        if r == 0 || (r < 0 && errno() != libc::EINTR) {
-            // WNOHANG and nothing yet, or a real error (ECHILD: not ours).
-            break if r < 0 { Some(-1) } else { None };
-        }
-        if Instant::now() >= deadline {
-            break None;
-        }
-    };
-    if blocking {
+}
+
+impl Drop for AlarmTicks {
+    fn drop(&mut self) {
+        let zero = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        };
         let off = libc::itimerval {
-            it_interval: libc::timeval {
-                tv_sec: 0,
-                tv_usec: 0,
-            },
-            it_value: libc::timeval {
-                tv_sec: 0,
-                tv_usec: 0,
-            },
+            it_interval: zero,
+            it_value: zero,
         };
         // SAFETY: as above; disarms the timer.
         unsafe { libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut()) };
     }
-    result
+}
+
+/// Blocking `waitpid` for `tid` that returns `None` once `deadline` passes.
+fn wait_stop(tid: i32, deadline: Instant, blocking: bool) -> Option<i32> {
+    let _ticks = blocking.then(AlarmTicks::start);
+    let mut status = 0;
+    loop {
+        let flags = libc::__WALL | if blocking { 0 } else { libc::WNOHANG };
+        // SAFETY: `status` is a valid out-pointer.
+        let r = unsafe { libc::waitpid(tid, &mut status, flags) };
+        if r == tid {
+            return Some(status);
+        }
+        if r == 0 || (r < 0 && errno() != libc::EINTR) {
+            // WNOHANG and nothing yet, or a real error (ECHILD: not ours,
+            // or reaped by the alarm's handler once it exited).
+            return if r < 0 { Some(-1) } else { None };
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+    }
 }
 
 /// What a wait status means for us.
@@ -241,6 +251,9 @@ impl Tracer {
             None => {}
         }
         let mut denials = 0;
+        // The seize of a thread that is executing a program waits for the
+        // threads execve killed to be reaped; the ticks reap them.
+        let ticks = AlarmTicks::start();
         while ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
             let error = match errno() {
                 libc::ESRCH => StopError::Gone,
@@ -258,6 +271,7 @@ impl Tracer {
             }
             return Err(error);
         }
+        drop(ticks);
         let interrupted_at = Instant::now();
         if ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0) != 0 {
             let e = errno();

@@ -14,7 +14,33 @@ extern "C" fn on_terminate(sig: libc::c_int) {
 }
 
 extern "C" fn on_alarm(_: libc::c_int) {
-    // Nothing to do: the point is that a blocking waitpid returns EINTR.
+    // The point is that a blocking waitpid returns EINTR. Besides, tracees
+    // that exited are reaped here, whatever the interrupted call: a thread
+    // killed by another thread's execve while we trace it stays a zombie
+    // until we reap it, and execve waits for that while holding the lock
+    // that PTRACE_SEIZE of the executing thread waits for (the kernel
+    // restarts that seize after each alarm instead of failing it). Reaping
+    // from here lets execve finish, then the seize. Only exits are reaped
+    // (WEXITED): stops stay for the waits that expect them, which see a
+    // reaped thread as gone (ECHILD).
+    loop {
+        // SAFETY: a zeroed siginfo_t is a valid out-buffer; waitid is
+        // async-signal-safe.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; `info` outlives the call.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::__WALL,
+            )
+        };
+        // SAFETY: waitid filled `info` (or left it zeroed: pid 0, nothing reaped).
+        if r != 0 || unsafe { info.si_pid() } == 0 {
+            break;
+        }
+    }
 }
 
 fn install(sig: libc::c_int, handler: extern "C" fn(libc::c_int)) {
