@@ -115,11 +115,13 @@ fn ptrace(request: libc::c_uint, tid: i32, addr: usize, data: usize) -> libc::c_
 /// A periodic SIGALRM while it lives: blocking calls return EINTR (or, for
 /// PTRACE_SEIZE, are restarted by the kernel) every few milliseconds, so a
 /// deadline is checked even if one alarm fires before the call blocks, and
-/// the alarm's handler reaps exited tracees (signals.rs says why).
+/// with `reap`, the alarm's handler reaps exited tracees (signals.rs says
+/// why).
 struct AlarmTicks;
 
 impl AlarmTicks {
-    fn start() -> AlarmTicks {
+    fn start(reap: bool) -> AlarmTicks {
+        crate::signals::reap_exited_tracees(reap);
         let slice = libc::timeval {
             tv_sec: 0,
             tv_usec: 2000,
@@ -146,12 +148,13 @@ impl Drop for AlarmTicks {
         };
         // SAFETY: as above; disarms the timer.
         unsafe { libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut()) };
+        crate::signals::reap_exited_tracees(false);
     }
 }
 
 /// Blocking `waitpid` for `tid` that returns `None` once `deadline` passes.
 fn wait_stop(tid: i32, deadline: Instant, blocking: bool) -> Option<i32> {
-    let _ticks = blocking.then(AlarmTicks::start);
+    let _ticks = blocking.then(|| AlarmTicks::start(false));
     let mut status = 0;
     loop {
         let flags = libc::__WALL | if blocking { 0 } else { libc::WNOHANG };
@@ -253,7 +256,7 @@ impl Tracer {
         let mut denials = 0;
         // The seize of a thread that is executing a program waits for the
         // threads execve killed to be reaped; the ticks reap them.
-        let ticks = AlarmTicks::start();
+        let ticks = AlarmTicks::start(true);
         while ptrace(libc::PTRACE_SEIZE, tid, 0, 0) != 0 {
             let error = match errno() {
                 libc::ESRCH => StopError::Gone,

@@ -5,17 +5,25 @@
 //! stopped at that moment is still read to the end and detached by its guard,
 //! and the command loops then stop at the next thread boundary.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 static REQUESTED: AtomicI32 = AtomicI32::new(0);
+
+/// Whether the alarm reaps exited tracees (only while a seize waits).
+static REAP_EXITED: AtomicBool = AtomicBool::new(false);
+
+/// Makes the alarm's handler reap exited tracees, or stop doing so.
+pub fn reap_exited_tracees(on: bool) {
+    REAP_EXITED.store(on, Ordering::SeqCst);
+}
 
 extern "C" fn on_terminate(sig: libc::c_int) {
     REQUESTED.store(sig, Ordering::SeqCst);
 }
 
 extern "C" fn on_alarm(_: libc::c_int) {
-    // The point is that a blocking waitpid returns EINTR. Besides, tracees
-    // that exited are reaped here, whatever the interrupted call: a thread
+    // The point is that a blocking waitpid returns EINTR. Besides, while a
+    // seize waits, tracees that exited are reaped here: a thread
     // killed by another thread's execve while we trace it stays a zombie
     // until we reap it, and execve waits for that while holding the lock
     // that PTRACE_SEIZE of the executing thread waits for (the kernel
@@ -23,6 +31,9 @@ extern "C" fn on_alarm(_: libc::c_int) {
     // from here lets execve finish, then the seize. Only exits are reaped
     // (WEXITED): stops stay for the waits that expect them, which see a
     // reaped thread as gone (ECHILD).
+    if !REAP_EXITED.load(Ordering::SeqCst) {
+        return;
+    }
     loop {
         // SAFETY: a zeroed siginfo_t is a valid out-buffer; waitid is
         // async-signal-safe.
