@@ -119,35 +119,31 @@ fn ptrace(request: libc::c_uint, tid: i32, addr: usize, data: usize) -> libc::c_
 /// why).
 struct AlarmTicks;
 
+/// Sets ITIMER_REAL to fire every `usec` microseconds (0: disarmed).
+fn set_alarm_interval(usec: libc::suseconds_t) {
+    let slice = libc::timeval {
+        tv_sec: 0,
+        tv_usec: usec,
+    };
+    let timer = libc::itimerval {
+        it_interval: slice,
+        it_value: slice,
+    };
+    // SAFETY: plain system call with a valid itimerval.
+    unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
+}
+
 impl AlarmTicks {
     fn start(reap: bool) -> AlarmTicks {
         crate::signals::reap_exited_tracees(reap);
-        let slice = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 2000,
-        };
-        let timer = libc::itimerval {
-            it_interval: slice,
-            it_value: slice,
-        };
-        // SAFETY: plain system call with a valid itimerval.
-        unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
+        set_alarm_interval(2000);
         AlarmTicks
     }
 }
 
 impl Drop for AlarmTicks {
     fn drop(&mut self) {
-        let zero = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 0,
-        };
-        let off = libc::itimerval {
-            it_interval: zero,
-            it_value: zero,
-        };
-        // SAFETY: as above; disarms the timer.
-        unsafe { libc::setitimer(libc::ITIMER_REAL, &off, std::ptr::null_mut()) };
+        set_alarm_interval(0);
         crate::signals::reap_exited_tracees(false);
     }
 }
