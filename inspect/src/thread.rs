@@ -165,7 +165,7 @@ pub fn read(
         })
     })()
     .unwrap_or_else(Outcome::Error);
-    let failed = matches!(out.outcome, Outcome::Error(_));
+    let failed = read_failed(&out.outcome);
     // Nothing but SIGKILL takes a thread out of a stop this reader holds: a
     // thread no longer in it was killed (the process is exiting or was
     // killed), even while /proc still shows it running, as it does until
@@ -185,6 +185,21 @@ pub fn read(
         out.times = None;
     }
     Ok(out)
+}
+
+/// Whether the read failed for want of memory or a stop. The Node.js walk
+/// reports memory it could not read as a reason for no span, not an error;
+/// once the address space is gone it is the same failure, and must end the
+/// plan the same way.
+fn read_failed(outcome: &Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Error(_)
+            | Outcome::NoSpan(NoSpan {
+                reason: Reason::Unreadable,
+                ..
+            })
+    )
 }
 
 /// The record schema: the variable holds the record's address, or NULL.
@@ -469,6 +484,22 @@ mod tests {
     const STATUS: &str = "Name:\thost\nState:\tR (running)\nTgid:\t10\n\
         SigQ:\t1/63459\nSigPnd:\t{thread}\nShdPnd:\t{shared}\n\
         SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n";
+
+    #[test]
+    fn an_unreadable_walk_is_a_failed_read_other_reasons_are_answers() {
+        use super::{read_failed, NoSpan, Outcome, Reason};
+        let no_span = |reason| {
+            Outcome::NoSpan(NoSpan {
+                reason,
+                detail: String::new(),
+            })
+        };
+        assert!(read_failed(&no_span(Reason::Unreadable)));
+        assert!(!read_failed(&no_span(Reason::NotPublished)));
+        assert!(!read_failed(&Outcome::NoRecord(
+            "otel_thread_ctx_v1 is NULL".into()
+        )));
+    }
 
     fn status(thread: &str, shared: &str) -> String {
         STATUS
