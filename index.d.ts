@@ -172,6 +172,8 @@ export interface FrameInfo {
   movingGcs: number;
   /** Of those, the ones whose block read closed at the end of the pause (objects moved, gate not yet reopened). */
   movingGcsGateClosed: number;
+  /** Of those, the ones during which the thread's OTEP 4947 variable carried the span current at the pause's start, so readers still found it. */
+  movingGcsSpanPinned: number;
 }
 
 /** Diagnostics for the calling thread. */

@@ -81,7 +81,7 @@ test("bpftrace walking the Node.js schema attributes frame mode's spans correctl
   assertBpftrace(r);
 });
 
-test('frame mode under forced moving GCs: every pause closes the gate, and no sample reads a wrong span', { skip: unavailable ?? noFrame ?? false, timeout: 120000 }, async (t) => {
+test('frame mode under forced moving GCs: every pause closes the gate, readers find the span through the pause, and no sample reads a wrong span', { skip: unavailable ?? noFrame ?? false, timeout: 120000 }, async (t) => {
   // One CPU segment in 4 runs a scavenge (every 8th a full GC) inside its
   // span, so wrappers, contexts and frames move while bpftrace samples.
   const r = await runBpftrace(t, { samplers: ['bpftrace'], mode: 'frame', gcEvery: 4, cpuMs: 5000, offMs: 1500, idleMs: 800 });
@@ -92,9 +92,13 @@ test('frame mode under forced moving GCs: every pause closes the gate, and no sa
   for (const gcs of r.truth.gcs) {
     assert.ok(gcs.forced > 0 && gcs.moving >= gcs.forced, `forced GCs did not run as moving GCs: ${JSON.stringify(gcs)}`);
     assert.strictEqual(gcs.gateClosed, gcs.moving, 'a moving GC left the gate open');
+    // Every forced GC runs inside a span: the 4947 variable carries it.
+    assert.ok(gcs.spanPinned >= gcs.forced, `pauses inside a span that did not carry it: ${JSON.stringify(gcs)}`);
   }
   const c = r.bpftrace.onCpu.overall;
   assert.ok(c.correct + c.wrong + c.missing >= 200, 'too few samples in segments');
+  // Samples inside the pauses read the span from the 4947 variable.
+  assert.ok(c.correct / (c.correct + c.wrong + c.missing) >= FLOORS.correct, `${c.correct} of ${c.correct + c.wrong + c.missing} samples in segments correct`);
   assert.strictEqual(c.wrong, 0, `${c.wrong} samples read a wrong span`);
   for (const th of r.bpftrace.onCpu.perThread) assert.strictEqual(th.wrong, 0, `thread ${th.tid}: ${th.wrong} samples read a wrong span`);
   assert.strictEqual(Number(r.bpftrace.offCpu.blocked.wrong), 0, 'blocked time attributed to a wrong span');

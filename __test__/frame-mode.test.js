@@ -8,7 +8,7 @@ const test = require('node:test');
 const assert = require('node:assert');
 const { spawnSync } = require('node:child_process');
 const { context, ROOT_CONTEXT } = require('@opentelemetry/api');
-const { ProfilingContextManager, threadInfo } = require('..');
+const { ProfilingContextManager, threadInfo, setSpanContext, clearSpanContext } = require('..');
 const binding = require('../js/binding');
 const { usesAsyncContextFrame } = require('../js/publish/frame');
 const { ROOT, readOwnRecord, readRecord, readFromOutside, spanContextFor, spawnNode, exited } = require('./helpers');
@@ -218,6 +218,25 @@ test('moving GCs close the gate for their pause and the walk finds the moved spa
       assert.strictEqual(readOwnRecord().spanId, spanContext.spanId, 'the walk lost the span after a full GC');
       assert.strictEqual(afterFull.movingGcs - before.movingGcs, afterFull.movingGcsGateClosed - before.movingGcsGateClosed, 'a moving GC ended with the gate open');
       assert.strictEqual(afterFull.cpedSlot, before.cpedSlot, 'the gate reopens to the same slot');
+      // Inside the span, every pause pointed the OTEP 4947 variable (read
+      // first by readers) at the span's record, and pointed it back after.
+      assert.strictEqual(afterFull.movingGcsSpanPinned - before.movingGcsSpanPinned, afterFull.movingGcs - before.movingGcs, 'a moving GC inside the span left readers without it');
+      assert.strictEqual(threadInfo().tlsValue, threadInfo().recordAddress, 'the 4947 variable was not pointed back at the thread record');
+    });
+    // Outside any span there is nothing to carry through a pause.
+    const outside = threadInfo().frame;
+    gc({ type: 'minor' });
+    const afterOutside = threadInfo().frame;
+    assert.ok(afterOutside.movingGcs > outside.movingGcs);
+    assert.strictEqual(afterOutside.movingGcsSpanPinned, outside.movingGcsSpanPinned, 'a pause outside any span pinned one');
+    // A span the direct API put in the thread's own record stays there.
+    context.with(ctx, () => {
+      setSpanContext(0xcdn, 0xefn, 0x6666n, 1);
+      const direct = threadInfo().frame;
+      gc({ type: 'minor' });
+      assert.strictEqual(threadInfo().frame.movingGcsSpanPinned, direct.movingGcsSpanPinned, 'a pause replaced the direct API span');
+      assert.strictEqual(threadInfo().tlsValue, threadInfo().recordAddress, 'the 4947 variable left the thread record');
+      clearSpanContext();
     });
     // A second frame-mode manager takes over the thread: the callbacks stay
     // registered once, and keep closing the gate.

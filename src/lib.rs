@@ -432,6 +432,10 @@ pub struct FrameInfo {
     /// Of those, the ones where the thread's block, read at the end of the
     /// pause (objects moved, gate not yet reopened), was closed.
     pub moving_gcs_gate_closed: f64,
+    /// Of those, the ones during which the thread's OTEP 4947 variable
+    /// carried the span current at the pause's start (readers read it
+    /// first, so samples inside the pause still find the span).
+    pub moving_gcs_span_pinned: f64,
 }
 
 /// Moving GCs the calling thread's GC callbacks saw (see [`FrameInfo`]).
@@ -439,6 +443,7 @@ pub struct FrameInfo {
 pub struct FrameGcPauses {
     pub moving: f64,
     pub gate_closed: f64,
+    pub span_pinned: f64,
 }
 
 /// The calling thread's moving-GC counts, published or not: tests check
@@ -449,6 +454,7 @@ pub fn frame_gc_pauses() -> FrameGcPauses {
     FrameGcPauses {
         moving: pauses.moving.into(),
         gate_closed: pauses.closed.into(),
+        span_pinned: pauses.pinned.into(),
     }
 }
 
@@ -467,5 +473,6 @@ pub fn frame_info() -> Option<FrameInfo> {
         js_object_record_offset: layout.js_object_record_offset as u32,
         moving_gcs: pauses.moving.into(),
         moving_gcs_gate_closed: pauses.closed.into(),
+        moving_gcs_span_pinned: pauses.pinned.into(),
     })
 }

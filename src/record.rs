@@ -14,9 +14,9 @@
 use std::ptr::{addr_of_mut, write_volatile};
 use std::sync::atomic::{compiler_fence, Ordering};
 
-#[cfg(test)]
-use otel_thread_ctx_abi::record::VALID;
-use otel_thread_ctx_abi::record::{ThreadContextRecord, HEADER_SIZE, OFFSET_VALID, RECORD_SIZE};
+use otel_thread_ctx_abi::record::{
+    ThreadContextRecord, HEADER_SIZE, OFFSET_VALID, RECORD_SIZE, VALID,
+};
 
 /// A span context as the record stores it.
 #[cfg(test)]
@@ -69,6 +69,15 @@ pub unsafe fn publish(record: *mut ThreadContextRecord, ids: &SpanIds) {
         compiler_fence(Ordering::SeqCst);
         write_volatile(addr_of_mut!((*record).valid), VALID);
     }
+}
+
+/// Whether `record` carries a span now (`valid` is 1).
+///
+/// # Safety
+/// `record` must point at a live record.
+pub unsafe fn is_valid(record: *const ThreadContextRecord) -> bool {
+    // SAFETY: per the caller; a volatile read, as the JS view writes it.
+    unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*record).valid)) == VALID }
 }
 
 /// Marks `record` as carrying no span. The ids stay in place: readers must

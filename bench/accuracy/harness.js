@@ -205,7 +205,7 @@ async function runAccuracy(options = {}) {
       spans: truth.reduce((n, t) => n + t.spans, 0),
       segments: truth.reduce((n, t) => n + t.segments.length, 0),
       blocks: truth.reduce((n, t) => n + t.blocks.length, 0),
-      // Frame mode: moving GCs per thread ({forced, moving, gateClosed}).
+      // Frame mode: moving GCs per thread ({forced, moving, gateClosed, spanPinned}).
       gcs: truth.map((t) => t.gcs),
     };
     return result;

@@ -166,10 +166,14 @@ function writeTruth() {
     blks[i] = [blkSpan[i], BLOCK_KINDS[blkKind[i]], String(blkStart[i]), String(blkEnd[i])];
   }
   const file = path.join(DIR, `truth-${tid}.json`);
-  // Frame mode: the moving GCs this thread went through, and how many of
-  // them closed its gate (threadInfo().frame).
+  // Frame mode: the moving GCs this thread went through, how many of them
+  // closed its gate, and how many carried the span through the OTEP 4947
+  // variable meanwhile (threadInfo().frame).
   const frame = threadInfo().frame;
-  const gcs = frame === null ? null : { forced: forcedGcs, moving: frame.movingGcs, gateClosed: frame.movingGcsGateClosed };
+  const gcs =
+    frame === null
+      ? null
+      : { forced: forcedGcs, moving: frame.movingGcs, gateClosed: frame.movingGcsGateClosed, spanPinned: frame.movingGcsSpanPinned };
   fs.writeFileSync(file, JSON.stringify({ tid, thread: threadIndex, spanIds, segments: segs, blocks: blks, gcs }));
 }
 

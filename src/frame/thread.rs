@@ -28,15 +28,18 @@ struct Publication {
 static PROCESS_LAYOUT: std::sync::Mutex<Option<V8Layout>> = std::sync::Mutex::new(None);
 
 thread_local! {
-    static PUBLICATION: RefCell<Option<Publication>> = const { RefCell::new(None) };
+    // Boxed: the publication is large, and static TLS is scarce (below).
+    static PUBLICATION: RefCell<Option<Box<Publication>>> = const { RefCell::new(None) };
     // The addon's whole TLS segment must fit glibc's static TLS surplus
     // (512 bytes), else a late dlopen puts it in dynamic TLS, which some
     // profilers cannot read: add no thread-local lightly.
-    static GC_PAUSES: Cell<GcPauses> = const { Cell::new(GcPauses { moving: 0, closed: 0 }) };
+    static GC_PAUSES: Cell<GcPauses> = const {
+        Cell::new(GcPauses { moving: 0, closed: 0, pinned: 0 })
+    };
 }
 
 /// Moving GCs seen on the calling thread while it published frames
-/// (wrapping counters, 8 bytes of TLS).
+/// (wrapping counters, 12 bytes of TLS).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GcPauses {
     /// Moving GCs whose prologue closed the gate.
@@ -45,6 +48,9 @@ pub struct GcPauses {
     /// (objects moved, gate not yet reopened), was closed: what a sample
     /// landing inside the pause finds.
     pub closed: u32,
+    /// Of those, the ones during which the thread's OTEP 4947 variable
+    /// carried the span the walk found at the prologue.
+    pub pinned: u32,
 }
 
 /// The gate's value while it is open: the published block's `cped_slot`,
@@ -62,7 +68,59 @@ fn open_gate() -> u64 {
         .unwrap_or(0)
 }
 
+/// Readers read a thread's OTEP 4947 record before they walk its frames.
+/// While the gate is closed for a moving GC, that variable points at the
+/// current span's record, found now, before anything moves (span records
+/// live outside V8's heap, and the wrapper that owns it stays reachable
+/// from the current frame, so the record outlives the pause). A span the
+/// direct API put in the thread's own record is left in place.
+fn pin_current_span() {
+    let Some(slot) = crate::registry::current_slot() else {
+        return;
+    };
+    if crate::tls::current() != slot.record {
+        return;
+    }
+    // SAFETY: the slot's record is this thread's own until it detaches,
+    // which this thread does, and never inside a GC callback.
+    if unsafe { crate::record::is_valid(slot.record) } {
+        return;
+    }
+    let Some(layout) = PUBLICATION
+        .try_with(|p| {
+            p.try_borrow()
+                .ok()
+                .and_then(|p| p.as_ref().map(|p| p.layout))
+        })
+        .ok()
+        .flatten()
+    else {
+        return;
+    };
+    if let Ok(record) = walk::record(&tls::load(), &layout) {
+        if record != 0 {
+            crate::tls::point_at(record as *mut _);
+        }
+    }
+}
+
+/// Points the thread's OTEP 4947 variable back at its own record. Returns
+/// whether it carried a span record of the pause.
+fn unpin_current_span() -> bool {
+    let Some(slot) = crate::registry::current_slot() else {
+        return false;
+    };
+    let pinned = crate::tls::current();
+    if pinned == slot.record {
+        return false;
+    }
+    crate::tls::point_at(slot.record);
+    !pinned.is_null()
+}
+
 unsafe extern "C" fn on_gc_start(_: Isolate, _: c_int, _: c_int, _: *mut c_void) {
+    // The span is readable through the 4947 variable before the walk stops.
+    pin_current_span();
     tls::gate(0);
     GC_PAUSES.with(|p| {
         let mut pauses = p.get();
@@ -73,14 +131,16 @@ unsafe extern "C" fn on_gc_start(_: Isolate, _: c_int, _: c_int, _: *mut c_void)
 
 unsafe extern "C" fn on_gc_end(_: Isolate, _: c_int, _: c_int, _: *mut c_void) {
     // The block's first word only: the walk stops there when it is 0.
-    if tls::load().cped_slot == 0 {
-        GC_PAUSES.with(|p| {
-            let mut pauses = p.get();
-            pauses.closed = pauses.closed.wrapping_add(1);
-            p.set(pauses);
-        });
-    }
+    let closed = tls::load().cped_slot == 0;
     tls::gate(open_gate());
+    // The walk answers again before the 4947 variable stops carrying the span.
+    let pinned = unpin_current_span();
+    GC_PAUSES.with(|p| {
+        let mut pauses = p.get();
+        pauses.closed = pauses.closed.wrapping_add(closed.into());
+        pauses.pinned = pauses.pinned.wrapping_add(pinned.into());
+        p.set(pauses);
+    });
 }
 
 /// The calling thread's moving-GC counts (kept across publications).
@@ -112,12 +172,12 @@ pub unsafe fn publish(
     };
     *PROCESS_LAYOUT.lock().unwrap_or_else(|e| e.into_inner()) = Some(layout);
     let previous = PUBLICATION.with_borrow_mut(|p| {
-        p.replace(Publication {
+        p.replace(Box::new(Publication {
             isolate,
             handle: block.als_handle as *mut u64,
             block,
             layout,
-        })
+        }))
     });
     // The store closes the gate before it changes any field, so the old
     // handle is unreachable from the block before it is disposed below.
