@@ -2,8 +2,9 @@
 //! `otel_thread_ctx_nodejs_v1` block, the global handle that keeps the
 //! manager's AsyncLocalStorage findable (GC updates the handle's slot when
 //! it moves the object), and GC callbacks that close the gate while V8
-//! moves objects, so a sample landing inside a moving GC finds no span
-//! rather than a half-moved graph.
+//! moves objects, so a walk inside a moving GC never follows a half-moved
+//! graph; meanwhile the thread's OTEP 4947 variable, which readers read
+//! first, carries the span.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, c_void};
