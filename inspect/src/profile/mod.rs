@@ -351,6 +351,7 @@ fn sample(
     let (resource, key_map) = context;
     let (on_cpu_stacks, off_cpu_stacks) = stacks.wholeness();
     let names = collector.finish();
+    let between_items = threadpool::clear_between_items(&mut samples, &names);
     let base = model::Profile {
         pid,
         hz: opts.hz,
@@ -405,8 +406,14 @@ fn sample(
     if pool.is_some() {
         let pool_samples = samples.iter().filter(|s| s.threadpool).count();
         lines.push(format!(
-            "threadpool: {} work items queued in a span, {} begun on a pool thread with it; {pool_samples} samples of pool threads carry a queued span",
-            pool_items.queued_in_span, pool_items.ran_in_span
+            "threadpool: {} work items queued in a span, {} begun on a pool thread with it; {pool_samples} samples of pool threads carry a queued span{}",
+            pool_items.queued_in_span,
+            pool_items.ran_in_span,
+            if between_items > 0 {
+                format!(" ({between_items} more, taken between items, were left without it)")
+            } else {
+                String::new()
+            }
         ));
     }
     if target_exited {

@@ -12,6 +12,9 @@ use object::Endianness;
 
 use crate::elf::MappedFile;
 use crate::maps::Mapping;
+use crate::profile::kernel::{RecordRead, Sample};
+use crate::profile::model::lookup_address;
+use crate::profile::symbolize::Names;
 
 /// Queues a work item: `uv__work_submit(loop, w, kind, work, done)`.
 /// The file system and DNS requests call it; `uv_queue_work` has its own
@@ -36,6 +39,63 @@ pub const WORK_FUNCTIONS: [&str; 4] = [
     "uv__getaddrinfo_work",
     "uv__getnameinfo_work",
 ];
+
+/// libuv's pool thread loop, which calls each item's work function.
+pub const WORKER_LOOP: &str = "worker";
+
+/// What libuv's worker loop calls between items, to wait for the next one
+/// and to hand the finished one back: its lock, condition variable and
+/// async handle wrappers, or the pthread functions they inline to (glibc's
+/// names may start with underscores).
+const BETWEEN_ITEMS: [&str; 5] = [
+    "uv_cond_",
+    "uv_mutex_",
+    "uv_async_send",
+    "uv_sem_",
+    "pthread_",
+];
+
+/// Whether a pool thread's unwound user stack (function names, leaf first;
+/// `None` for an unnamed frame) shows libuv's worker loop between items:
+/// running its own code, or in one of its lock, wait or wake-up calls
+/// rather than a work function. A stack that does not reach the worker loop
+/// says nothing.
+pub fn between_items(user_frames: &[Option<&str>]) -> bool {
+    match user_frames.iter().position(|f| *f == Some(WORKER_LOOP)) {
+        None => false,
+        Some(0) => true,
+        Some(i) => user_frames[i - 1]
+            .map(|callee| callee.trim_start_matches('_'))
+            .is_some_and(|callee| BETWEEN_ITEMS.iter().any(|p| callee.starts_with(p))),
+    }
+}
+
+/// The kernel side tells a pool thread's item from its waits for work by a
+/// stack slot; the whole stack, once unwound and named, can say so for
+/// sure. Clears the queued span of pool samples taken between items, so
+/// every output agrees; returns how many there were.
+pub fn clear_between_items(samples: &mut [Sample], names: &Names) -> usize {
+    let mut cleared = 0;
+    for s in samples.iter_mut().filter(|s| s.threadpool) {
+        let frames: Vec<Option<&str>> = s
+            .user_stack
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| {
+                names
+                    .user
+                    .get(&lookup_address(i, a))
+                    .map(|f| f.name.as_str())
+            })
+            .collect();
+        if between_items(&frames) {
+            s.threadpool = false;
+            s.record = RecordRead::Null;
+            cleared += 1;
+        }
+    }
+    cleared
+}
 
 /// A probe site where work is queued: the function, its file offset, and
 /// what to add to its second argument to get the `struct uv__work *`.
@@ -174,6 +234,69 @@ pub fn find(pid: i32, maps: &[Mapping]) -> Result<Probes, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::kernel::Kind;
+    use crate::profile::model::tests::{names, record, sample};
+    use crate::profile::symbolize::Frame;
+
+    fn stack(names: &[&'static str]) -> Vec<Option<&'static str>> {
+        names.iter().map(|n| Some(*n)).collect()
+    }
+
+    #[test]
+    fn a_worker_waiting_or_locking_is_between_items() {
+        for callee in [
+            "uv_cond_wait",
+            "uv_mutex_lock",
+            "uv_async_send",
+            "___pthread_cond_wait",
+            "__pthread_mutex_lock",
+        ] {
+            let frames = stack(&["futex_wait", callee, "worker", "start_thread"]);
+            assert!(between_items(&frames), "{callee}");
+        }
+        assert!(between_items(&stack(&["worker", "start_thread"])));
+    }
+
+    #[test]
+    fn a_worker_in_a_work_function_or_an_unknown_stack_is_not() {
+        // A work function, or the callback a tail call left in its place.
+        assert!(!between_items(&stack(&[
+            "read",
+            "uv__fs_work",
+            "worker",
+            "start_thread"
+        ])));
+        assert!(!between_items(&stack(&[
+            "pthread_mutex_lock",
+            "DoThreadPoolWork",
+            "worker"
+        ])));
+        // Truncated before the worker loop: nothing to say.
+        assert!(!between_items(&stack(&["futex_wait", "uv_cond_wait"])));
+        // An unnamed callee (JIT code, a stripped library) proves nothing.
+        assert!(!between_items(&[None, Some("worker")]));
+    }
+
+    #[test]
+    fn pool_samples_taken_while_the_worker_loop_waits_lose_their_queued_span() {
+        let mut n = names();
+        let f = |name: &str| Frame {
+            name: name.into(),
+            module: "/usr/bin/node".into(),
+        };
+        n.user.insert(0x40, f("uv_cond_wait"));
+        n.user.insert(0x4f, f("worker"));
+        n.user.insert(0x50, f("uv__fs_work"));
+        let mut waiting = sample(Kind::OffCpu, 3, record(7, &[]), &[0x40, 0x50], 4_000);
+        waiting.threadpool = true;
+        let mut working = sample(Kind::OnCpu, 3, record(7, &[]), &[0x50, 0x50], 0);
+        working.threadpool = true;
+        let mut samples = [waiting, working];
+        assert_eq!(clear_between_items(&mut samples, &n), 1);
+        assert!(!samples[0].threadpool && samples[0].record.valid().is_none());
+        assert!(samples[1].threadpool && samples[1].record.valid().is_some());
+    }
+
     use std::process::Command;
 
     /// Builds a program whose local functions carry libuv's names and
