@@ -218,7 +218,9 @@ test('profile', { skip: skip ?? false }, async (t) => {
   await t.test('folded: a target that exits ends the profile normally', async () => {
     const out = path.join(tmp, 'run.folded');
     const running = profile(['--duration', '60', '--format', 'folded', '--group-by', 'thread', '-o', out]);
-    await new Promise((resolve) => setTimeout(resolve, 1500));
+    // Time to attach and take samples on a loaded machine (profile reports
+    // only at its end), then the target dies mid-run.
+    await new Promise((resolve) => setTimeout(resolve, 4000));
     service.kill('SIGKILL');
     const r = await running;
     assert.strictEqual(r.code, 0, r.stderr);

@@ -630,15 +630,17 @@ fn first_json(bytes: &[u8]) -> Value {
 
 #[test]
 fn sample_skips_threads_that_come_and_go_and_ends_when_the_target_exits() {
-    // The target lives 1 s; the run asks for 3. The process is not reaped
-    // until the fixture is dropped, so the reader sees it turn into a zombie.
+    // The target lives 1 s; the run asks for 60, and ends with the target
+    // long before (the margin is wide: the machine may be loaded). The
+    // process is not reaped until the fixture is dropped, so the reader
+    // sees it turn into a zombie.
     let f = spawn_churn("1");
     let started = std::time::Instant::now();
-    let out = sample_raw_json(f.pid, "500", "3");
+    let out = sample_raw_json(f.pid, "500", "60");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
-        started.elapsed() < Duration::from_millis(2500),
+        started.elapsed() < Duration::from_secs(30),
         "the run ends with the process, took {:?}",
         started.elapsed()
     );
@@ -673,7 +675,7 @@ fn sample_skips_threads_that_come_and_go_and_ends_when_the_target_exits() {
     let summary = first_json(&out.stderr);
     assert_eq!(summary["target_exited"], true, "{summary:#}");
     assert_eq!(summary["interrupted_by_signal"], Value::Null);
-    assert!(summary["elapsed_s"].as_f64().unwrap() < 2.5, "{summary:#}");
+    assert!(summary["elapsed_s"].as_f64().unwrap() < 30.0, "{summary:#}");
     assert_eq!(
         summary["reads"].as_u64().unwrap() as usize,
         stdout.lines().count(),
@@ -701,7 +703,7 @@ fn sample_ends_normally_when_the_target_is_killed_mid_run() {
     for reap in [false, true] {
         let mut f = spawn_dlopen("libdesc.so", &[]);
         let started = std::time::Instant::now();
-        let s = spawn_sample_json(f.pid, "500", "3");
+        let s = spawn_sample_json(f.pid, "500", "60");
         std::thread::sleep(Duration::from_millis(300));
         f.process.child.kill().unwrap();
         if reap {
@@ -710,10 +712,8 @@ fn sample_ends_normally_when_the_target_is_killed_mid_run() {
         let out = s.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "reap {reap}: {stderr}");
-        assert!(
-            started.elapsed() < Duration::from_millis(2500),
-            "reap {reap}"
-        );
+        // Asked for 60 s: it ended with the target, long before.
+        assert!(started.elapsed() < Duration::from_secs(30), "reap {reap}");
         let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(summary["target_exited"], true, "{summary:#}");
         assert!(summary["rounds"].as_u64().unwrap() > 10, "{summary:#}");
