@@ -168,17 +168,21 @@ test('inspect reads the span of each parked thread, then no span once the loops 
 test('sample killed with SIGTERM mid-run leaves the target running and untraced', async (t) => {
   const { child, next } = startChild(t);
   await next('parked');
-  for (const delay of [100, 250]) {
-    const sampler = spawn(READER, ['sample', '--pid', String(child.pid), '--hz', '2000', '--duration', '30', '--json'], {
-      stdio: ['ignore', 'pipe', 'inherit'],
+  for (const delay of [0, 250]) {
+    // Raw reads on stdout show when sampling has begun; the summary goes to stderr.
+    const sampler = spawn(READER, ['sample', '--pid', String(child.pid), '--hz', '2000', '--duration', '30', '--raw', '--json'], {
+      stdio: ['ignore', 'pipe', 'pipe'],
     });
-    let out = '';
-    sampler.stdout.on('data', (d) => (out += d));
+    let err = '';
+    sampler.stderr.on('data', (d) => (err += d));
+    const closed = new Promise((r) => sampler.on('close', (c) => r(c)));
+    await new Promise((r) => sampler.stdout.once('data', r));
+    sampler.stdout.resume();
     await new Promise((r) => setTimeout(r, delay));
     sampler.kill('SIGTERM');
-    const code = await new Promise((r) => sampler.on('close', (c) => r(c)));
-    assert.strictEqual(code, 128 + 15);
-    const summary = JSON.parse(out);
+    const code = await closed;
+    assert.strictEqual(code, 128 + 15, err);
+    const summary = JSON.parse(err.slice(0, err.indexOf('\n}\n') + 2));
     assert.strictEqual(summary.interrupted_by_signal, 15);
     assert.ok(summary.rounds > 0, 'it sampled before being stopped');
     assertRunningUntraced(child.pid);
