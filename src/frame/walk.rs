@@ -8,7 +8,7 @@ use otel_thread_ctx_abi::node_schema::{
     TABLE_PREFIX_WORDS,
 };
 
-use super::memory::read_word;
+use super::memory::Words;
 
 /// Why a walk found no wrapper.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,28 +35,39 @@ impl Miss {
     }
 }
 
-fn word(address: u64, what: &'static str) -> Result<u64, Miss> {
-    read_word(address).map_err(|_| Miss::Bad(what))
+fn word(words: &mut Words, address: u64, what: &'static str) -> Result<u64, Miss> {
+    words.word(address).map_err(|_| Miss::Bad(what))
 }
 
-fn smi(address: u64, what: &'static str) -> Result<i64, Miss> {
-    smi_value(word(address, what)?).ok_or(Miss::Bad(what))
+fn smi(words: &mut Words, address: u64, what: &'static str) -> Result<i64, Miss> {
+    smi_value(word(words, address, what)?).ok_or(Miss::Bad(what))
 }
 
 /// The value stored under `key` (tagged) in the AsyncContextFrame `frame`
 /// (tagged), found as a reader finds it: through the bucket of `hash`.
 pub fn find_in_frame(frame: u64, key: u64, hash: i32, layout: &V8Layout) -> Result<u64, Miss> {
+    find_in_frame_with(&mut Words::new(), frame, key, hash, layout)
+}
+
+fn find_in_frame_with(
+    words: &mut Words,
+    frame: u64,
+    key: u64,
+    hash: i32,
+    layout: &V8Layout,
+) -> Result<u64, Miss> {
     let tagged = layout.tagged_size;
     let frame = untag(frame).ok_or(Miss::NoFrame)?;
     let table = untag(word(
+        words,
         frame + layout.js_map_table_offset,
         "cannot read the frame's table",
     )?)
     .ok_or(Miss::Bad("the frame's table is not a heap object"))?;
     let base = table + layout.ordered_hash_map_header_size;
-    let elements = smi(base, "bad element count")?;
-    let deleted = smi(base + tagged, "bad deleted count")?;
-    let buckets = smi(base + 2 * tagged, "bad bucket count")?;
+    let elements = smi(words, base, "bad element count")?;
+    let deleted = smi(words, base + tagged, "bad deleted count")?;
+    let buckets = smi(words, base + 2 * tagged, "bad bucket count")?;
     if buckets <= 0 || buckets as u64 > MAX_BUCKETS || (buckets as u64).count_ones() != 1 {
         return Err(Miss::Bad("bucket count out of bounds"));
     }
@@ -67,6 +78,7 @@ pub fn find_in_frame(frame: u64, key: u64, hash: i32, layout: &V8Layout) -> Resu
     let buckets = buckets as u64;
     let bucket = (hash as u32 as u64) & (buckets - 1);
     let mut index = smi(
+        words,
         base + (TABLE_PREFIX_WORDS + bucket) * tagged,
         "bad bucket head",
     )?;
@@ -78,25 +90,29 @@ pub fn find_in_frame(frame: u64, key: u64, hash: i32, layout: &V8Layout) -> Resu
             return Err(Miss::Bad("entry index out of bounds"));
         }
         let entry = base + (TABLE_PREFIX_WORDS + buckets + index as u64 * ENTRY_WORDS) * tagged;
-        if word(entry, "cannot read an entry key")? == key {
-            return word(entry + tagged, "cannot read an entry value");
+        if word(words, entry, "cannot read an entry key")? == key {
+            return word(words, entry + tagged, "cannot read an entry value");
         }
-        index = smi(entry + 2 * tagged, "bad chain link")?;
+        index = smi(words, entry + 2 * tagged, "bad chain link")?;
     }
     Err(Miss::Bad("chain too long"))
 }
 
 /// The wrapper (tagged) a reader finds for a thread whose block is `block`.
-pub fn wrapper(block: &ThreadContext, layout: &V8Layout) -> Result<u64, Miss> {
+fn wrapper(words: &mut Words, block: &ThreadContext, layout: &V8Layout) -> Result<u64, Miss> {
     if block.cped_slot == 0 {
         return Err(Miss::Closed);
     }
-    let frame = word(block.cped_slot, "cannot read the frame slot")?;
+    let frame = word(words, block.cped_slot, "cannot read the frame slot")?;
     if frame == block.undefined_addr {
         return Err(Miss::NoFrame);
     }
-    let key = word(block.als_handle, "cannot read the AsyncLocalStorage handle")?;
-    match find_in_frame(frame, key, block.als_identity_hash, layout)? {
+    let key = word(
+        words,
+        block.als_handle,
+        "cannot read the AsyncLocalStorage handle",
+    )?;
+    match find_in_frame_with(words, frame, key, block.als_identity_hash, layout)? {
         value if value == block.undefined_addr => Err(Miss::NoEntry),
         value => Ok(value),
     }
@@ -104,9 +120,11 @@ pub fn wrapper(block: &ThreadContext, layout: &V8Layout) -> Result<u64, Miss> {
 
 /// The record address a reader finds for a thread whose block is `block`.
 pub fn record(block: &ThreadContext, layout: &V8Layout) -> Result<u64, Miss> {
+    let words = &mut Words::new();
     let wrapper =
-        untag(wrapper(block, layout)?).ok_or(Miss::Bad("the store is not a heap object"))?;
+        untag(wrapper(words, block, layout)?).ok_or(Miss::Bad("the store is not a heap object"))?;
     word(
+        words,
         wrapper + layout.js_object_record_offset,
         "cannot read the wrapper's record address",
     )
