@@ -40,6 +40,10 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Exit 0 right after parsing the arguments, doing nothing: lets the examples in the
+    /// documentation be checked against the current flags.
+    #[arg(long, global = true, hide = true)]
+    check_args: bool,
 }
 
 #[derive(Subcommand)]
@@ -195,6 +199,9 @@ fn emit(text: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.check_args {
+        return ExitCode::SUCCESS;
+    }
     signals::install_handlers();
     match cli.command {
         Command::Agent {
@@ -395,5 +402,31 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn check_args_parses_anywhere_and_stays_out_of_help() {
+        Cli::command().debug_assert();
+        for args in [
+            &["otel-thread-ctx", "--check-args", "inspect", "--pid", "1"][..],
+            &["otel-thread-ctx", "inspect", "--pid", "1", "--check-args"][..],
+        ] {
+            assert!(Cli::try_parse_from(args).expect("parses").check_args);
+        }
+        assert!(
+            !Cli::try_parse_from(["otel-thread-ctx", "inspect", "--pid", "1"])
+                .expect("parses")
+                .check_args
+        );
+        // Bad arguments still fail: the flag checks them, it does not excuse them.
+        assert!(Cli::try_parse_from(["otel-thread-ctx", "inspect", "--check-args"]).is_err());
+        let help = Cli::command().render_long_help().to_string();
+        assert!(!help.contains("check-args"), "{help}");
     }
 }
