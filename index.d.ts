@@ -23,7 +23,8 @@ import type { AsyncLocalStorageContextManager } from '@opentelemetry/context-asy
  * invalid. Each thread (main thread, every `worker_threads` worker) needs
  * its own enabled manager, as with any OpenTelemetry setup; of several
  * enabled managers on a thread, the most recently enabled one publishes
- * (see the README for the rule with a registered global manager).
+ * (see docs/drop-in.md, "Drop-in rules", for the rule with a registered
+ * global manager).
  */
 export declare class ProfilingContextManager extends AsyncLocalStorageContextManager implements ContextManager {
   /**
@@ -41,7 +42,7 @@ export declare class ProfilingContextManager extends AsyncLocalStorageContextMan
    *   By default every record also says where its sample belongs: the span's
    *   name (`span.name`), its local root span's id (`local_root.span_id`)
    *   and the local root's `localRootAttributes`, inherited by every span
-   *   under it (README, "Where a sample belongs").
+   *   under it (docs/record-and-process-context.md, "Where a sample belongs").
    * @throws {TypeError} when `options` is not an object, `attributes` or `localRootAttributes`
    *   is not an array of strings, or `spanName`/`localRootSpanId` is not a boolean.
    * @throws {RangeError} when `attributes` or `localRootAttributes` has an empty or repeated key,
