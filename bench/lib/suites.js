@@ -287,7 +287,7 @@ const SWITCHED = ['stock', 'floor', 'ours'];
  * switch while no request is in flight and a tenth of a burst unmeasured;
  * the server measures its own CPU time around the burst. The process's
  * speed phases then fall on every manager alike, which separate processes
- * do not share (BENCHMARKS.md, "Machine and noise").
+ * do not share (BENCHMARKS.md, "Machine and noise in brief").
  */
 async function switchingLoad(server, url, opts, { burst, cycles }) {
   const ask = lineControl(server);

@@ -2,7 +2,7 @@
 // Variants taking turns in one process, for the micro-benchmarks
 // (bench/cases/sync.js, bench/cases/interleave.js). This host runs a
 // process at one of two speeds that change within a second, and separate
-// processes do not share them (BENCHMARKS.md, "Machine and noise"); turns
+// processes do not share them (BENCHMARKS.md, "Machine and noise in brief"); turns
 // of a few tens of milliseconds in one process put every variant in the
 // same phases, and each cycle's ratio compares neighbouring turns.
 //
