@@ -44,7 +44,13 @@ function startProfile(pid, { hz, durationS, outDir }) {
       const top = fs.existsSync(topFile) ? fs.readFileSync(topFile, 'utf8') : null;
       fs.rmSync(topFile, { force: true });
       // One run's summary says it all: the three ran over the same interval.
-      const summary = results[0].stderr.trim().split('\n').filter((l) => l && !/^thread context/.test(l));
+      // The demo itself ends the runs with SIGINT once the load is over: the
+      // reader's "ended by signal 2" is that, not a failure.
+      const summary = results[0].stderr
+        .trim()
+        .split('\n')
+        .filter((l) => l && !/^thread context/.test(l))
+        .map((l) => (/^ended by signal \d+$/.test(l) ? 'stopped by the demo after the load' : l));
       return { samples, top, summary };
     }),
   };
