@@ -62,7 +62,9 @@ test('profile: whole user stacks', { skip: skip ?? false }, async (t) => {
       fs.rmSync(`/tmp/perf-${ids.pid}.map`, { force: true });
     });
     const out = path.join(tmp, 'node.folded');
-    const r = await profile(ids.pid, ['--duration', '4', '--off-cpu=all', '--format', 'folded', '--group-by', 'thread', '-o', out], tmp);
+    // Eight seconds: about 50 waits per function, so the share is not left
+    // to the few waits of a short run.
+    const r = await profile(ids.pid, ['--duration', '8', '--off-cpu=all', '--format', 'folded', '--group-by', 'thread', '-o', out], tmp);
     assert.strictEqual(r.code, 0, r.stderr);
     const lines = folded(out);
     const inSpan = (name) => (l) => l.span.endsWith(` (${ids.spans[name].spanId})`) && l.thread.endsWith(`(${ids.tid})`);
