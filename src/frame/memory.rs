@@ -55,21 +55,18 @@ impl Words {
     /// read with what follows it up to the end of its page (a read that
     /// crossed into an unmapped page would fail as a whole).
     pub fn word(&mut self, address: u64) -> io::Result<u64> {
-        let offset = address.wrapping_sub(self.start);
-        if address >= self.start && offset + 8 <= self.len as u64 {
-            let at = offset as usize;
-            let mut word = [0u8; 8];
-            word.copy_from_slice(&self.bytes[at..at + 8]);
-            return Ok(u64::from_ne_bytes(word));
+        let held = address >= self.start && address - self.start + 8 <= self.len as u64;
+        if !held {
+            let to_page_end = (PAGE - address % PAGE) as usize;
+            let len = WINDOW.min(to_page_end.max(8));
+            self.len = 0;
+            read(address, &mut self.bytes[..len])?;
+            self.start = address;
+            self.len = len;
         }
-        let to_page_end = (PAGE - address % PAGE) as usize;
-        let len = WINDOW.min(to_page_end.max(8));
-        self.len = 0;
-        read(address, &mut self.bytes[..len])?;
-        self.start = address;
-        self.len = len;
+        let at = (address - self.start) as usize;
         let mut word = [0u8; 8];
-        word.copy_from_slice(&self.bytes[..8]);
+        word.copy_from_slice(&self.bytes[at..at + 8]);
         Ok(u64::from_ne_bytes(word))
     }
 }
