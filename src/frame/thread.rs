@@ -58,15 +58,16 @@ pub struct GcPauses {
 /// 0 when unpublished (or, never expected, while the publication is being
 /// replaced: the gate then stays closed until the replacement stores it).
 fn open_gate() -> u64 {
+    published(|p| p.block.cped_slot).unwrap_or(0)
+}
+
+/// `f` of the calling thread's publication, for GC callbacks: `None` when
+/// there is none, or while it is being replaced (borrowed) or torn down.
+fn published<T>(f: impl FnOnce(&Publication) -> T) -> Option<T> {
     PUBLICATION
-        .try_with(|p| {
-            p.try_borrow()
-                .ok()
-                .and_then(|p| p.as_ref().map(|p| p.block.cped_slot))
-        })
+        .try_with(|p| p.try_borrow().ok().and_then(|p| p.as_deref().map(f)))
         .ok()
         .flatten()
-        .unwrap_or(0)
 }
 
 /// Readers read a thread's OTEP 4947 record before they walk its frames.
@@ -87,15 +88,7 @@ fn pin_current_span() {
     if unsafe { crate::record::is_valid(slot.record) } {
         return;
     }
-    let Some(layout) = PUBLICATION
-        .try_with(|p| {
-            p.try_borrow()
-                .ok()
-                .and_then(|p| p.as_ref().map(|p| p.layout))
-        })
-        .ok()
-        .flatten()
-    else {
+    let Some(layout) = published(|p| p.layout) else {
         return;
     };
     if let Ok(record) = walk::record(&tls::load(), &layout) {
