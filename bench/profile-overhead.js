@@ -19,6 +19,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const { jsonLines } = require('../__test__/helpers');
+const { enableBpfStats, pollBpfPrograms } = require('./lib/bpf-stats');
 
 const ROOT = path.resolve(__dirname, '..');
 const READER = require('../js/native').readerPath();
@@ -76,32 +77,6 @@ const WORKLOAD_FILE = path.join(scratch, 'workload.js');
 fs.writeFileSync(WORKLOAD_FILE, WORKLOAD);
 process.on('exit', () => fs.rmSync(scratch, { recursive: true, force: true }));
 
-const BPF_STATS = '/proc/sys/kernel/bpf_stats_enabled';
-
-/** Run time and runs the kernel has counted for the BPF programs `pid` holds. */
-function bpfProgramStats(pid) {
-  let runTimeNs = 0;
-  let runs = 0;
-  let dir;
-  try {
-    dir = fs.readdirSync(`/proc/${pid}/fdinfo`);
-  } catch {
-    return null;
-  }
-  for (const fd of dir) {
-    let info;
-    try {
-      info = fs.readFileSync(`/proc/${pid}/fdinfo/${fd}`, 'utf8');
-    } catch {
-      continue;
-    }
-    if (!/^prog_type:/m.test(info)) continue;
-    runTimeNs += Number(info.match(/^run_time_ns:\s+(\d+)/m)?.[1] ?? 0);
-    runs += Number(info.match(/^run_cnt:\s+(\d+)/m)?.[1] ?? 0);
-  }
-  return { runTimeNs, runs };
-}
-
 async function once(opts, profiled) {
   const child = spawn(process.execPath, [WORKLOAD_FILE], { env: { ...process.env, UNITS: String(opts.units) }, stdio: ['pipe', 'pipe', 'inherit'] });
   const { next } = jsonLines(child.stdout);
@@ -127,18 +102,16 @@ async function once(opts, profiled) {
     // Let it attach before the work starts.
     await new Promise((r) => setTimeout(r, 1000));
   }
-  // The programs' counters, read until the profiler exits (it exits with
-  // its target, taking the counters with it; a reading while it closes its
-  // descriptors is partial, so the largest is kept).
-  let bpf = null;
-  const poll = profiler && setInterval(() => {
-    const now = bpfProgramStats(profiler.pid);
-    if (now && (!bpf || now.runTimeNs > bpf.runTimeNs)) bpf = now;
-  }, 100);
+  // The programs' counters, read until the profiler exits.
+  const exited = profiler && new Promise((r) => profiler.once('exit', r));
+  const programs = profiler && pollBpfPrograms(profiler.pid, exited);
   child.stdin.write('go\n');
   const { cpuTicks } = await next('result', 600000);
-  if (profiler) await new Promise((r) => profiler.once('exit', r));
-  if (poll) clearInterval(poll);
+  let bpf = null;
+  if (profiler) {
+    const ps = await programs;
+    if (ps.length) bpf = { runTimeNs: ps.reduce((t, p) => t + p.runTimeNs, 0), runs: ps.reduce((t, p) => t + p.runs, 0) };
+  }
   const own = summary.match(/([\d.]+) µs per sample \((\d+) samples\)/);
   const truncated = summary.match(/truncated user stacks: ([^\n]*)/);
   const readerCpu = summary.match(/reader-cpu ([\d.]+) ([\d.]+)/);
@@ -159,14 +132,7 @@ async function main() {
     console.log(`skipped: ${process.getuid() !== 0 ? 'needs root' : probe.stderr.trim()}`);
     return;
   }
-  let statsWere = null;
-  try {
-    statsWere = fs.readFileSync(BPF_STATS, 'utf8').trim();
-    fs.writeFileSync(BPF_STATS, '1');
-  } catch {
-    statsWere = null; // no counters: the share is not reported
-  }
-  process.on('exit', () => statsWere !== null && fs.writeFileSync(BPF_STATS, statsWere));
+  const statsOn = enableBpfStats(); // without counters the share is not reported
   const base = [];
   const prof = [];
   const perSample = [];
@@ -179,7 +145,7 @@ async function main() {
     const what = opts.sampler === 'sample' ? 'thread read' : 'sample';
     const extra = opts.sampler === 'sample' ? 'stops' : 'truncated user stacks';
     let bpfText = '';
-    if (statsWere !== null && p.bpf) {
+    if (statsOn && p.bpf) {
       bpfShare.push(p.bpf.runTimeNs / 1e9 / p.cpu);
       bpfText = `; BPF programs ${(p.bpf.runTimeNs / 1e6).toFixed(1)} ms in ${p.bpf.runs} runs (${(p.bpf.runTimeNs / Math.max(p.bpf.runs, 1) / 1000).toFixed(2)} µs each) = ${(100 * bpfShare.at(-1)).toFixed(2)} % of the target's CPU`;
     }

@@ -1,7 +1,7 @@
 'use strict';
 // What following libuv threadpool work costs its target: each fs call or
-// crypto.pbkdf2 queued in a span passes three probes (the submit, the work
-// function's entry and its return). Side by side in alternating rounds, the
+// crypto.pbkdf2 queued in a span passes two probes (the submit, and the
+// worker loop's start of the item). Side by side in alternating rounds, the
 // target's CPU (all threads, process.cpuUsage) for the same work
 //   - unprofiled,
 //   - under `profile --no-threadpool` (the samplers only),
@@ -20,6 +20,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const { jsonLines } = require('../__test__/helpers');
+const { enableBpfStats, pollBpfPrograms } = require('./lib/bpf-stats');
 
 const ROOT = path.resolve(__dirname, '..');
 const READER = require('../js/native').readerPath();
@@ -104,13 +105,17 @@ async function once(opts, kind, profiler) {
     running.stderr.on('data', (d) => (summary += d));
     await new Promise((r) => setTimeout(r, 1500)); // let it attach
   }
+  const exited = running && new Promise((r) => running.once('exit', r));
+  const programs = running ? pollBpfPrograms(running.pid, exited) : Promise.resolve([]);
   child.stdin.write('go\n');
   const { cpuUs, calls } = await next('result', 600000);
-  if (running) await new Promise((r) => running.once('exit', r));
+  // The probes' programs run about once per call each; the samplers' far
+  // less often.
+  const probeNs = (await programs).filter((p) => p.runs >= calls / 2).reduce((t, p) => t + p.runTimeNs, 0);
   if (profiler && !profiler.includes('--no-threadpool') && !/threadpool: work queued/.test(summary)) {
     throw new Error(`the threadpool probes were not attached:\n${summary}`);
   }
-  return { cpuUs, calls };
+  return { cpuUs, calls, probeNs };
 }
 
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
@@ -123,13 +128,16 @@ async function main() {
     return;
   }
   const setups = { unprofiled: null, samplers: ['--no-threadpool'], threadpool: [] };
+  const statsOn = enableBpfStats();
+  const probeRun = {}; // the probes' BPF run time per call, ns
   const results = {};
   for (let r = 0; r < opts.rounds; r++) {
     for (const kind of ['fs', 'pbkdf2', 'service']) {
       const line = [];
       for (const [name, args] of Object.entries(setups)) {
-        const { cpuUs, calls } = await once(opts, kind, args);
+        const { cpuUs, calls, probeNs } = await once(opts, kind, args);
         ((results[kind] ??= {})[name] ??= []).push(cpuUs / calls);
+        if (name === 'threadpool' && statsOn) ((probeRun[kind] ??= []).push(probeNs / calls));
         line.push(`${name} ${((cpuUs / calls) * 1000).toFixed(0)} ns/call`);
       }
       console.log(`round ${r + 1} ${kind}: ${line.join(', ')}`);
@@ -139,12 +147,14 @@ async function main() {
   console.log(`Node ${process.version}, ${opts.hz} Hz, median of ${opts.rounds} rounds (target CPU per call, all threads):`);
   for (const kind of ['fs', 'pbkdf2']) {
     console.log(
-      `  ${kind}: unprofiled ${m(kind, 'unprofiled').toFixed(0)} ns, samplers only ${m(kind, 'samplers').toFixed(0)} ns, with threadpool probes ${m(kind, 'threadpool').toFixed(0)} ns: the probes add ${(m(kind, 'threadpool') - m(kind, 'samplers')).toFixed(0)} ns per call`,
+      `  ${kind}: unprofiled ${m(kind, 'unprofiled').toFixed(0)} ns, samplers only ${m(kind, 'samplers').toFixed(0)} ns, with threadpool probes ${m(kind, 'threadpool').toFixed(0)} ns: the probes add ${(m(kind, 'threadpool') - m(kind, 'samplers')).toFixed(0)} ns per call` +
+        (probeRun[kind] ? `; their BPF programs ran ${median(probeRun[kind]).toFixed(0)} ns per call (kernel counters)` : ''),
     );
   }
   const s = (name) => m('service', name);
   console.log(
-    `  service at ${opts.rate} fs calls/s for ${opts.seconds} s: CPU ratio vs unprofiled ${(s('samplers') / s('unprofiled')).toFixed(3)} samplers only, ${(s('threadpool') / s('unprofiled')).toFixed(3)} with threadpool probes`,
+    `  service at ${opts.rate} fs calls/s for ${opts.seconds} s: CPU ratio vs unprofiled ${(s('samplers') / s('unprofiled')).toFixed(3)} samplers only, ${(s('threadpool') / s('unprofiled')).toFixed(3)} with threadpool probes` +
+      (probeRun.service ? `; the probes' BPF programs ran ${median(probeRun.service).toFixed(0)} ns per call` : ''),
   );
 }
 
