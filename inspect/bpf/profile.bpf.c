@@ -16,9 +16,9 @@
 // entries while the program runs (one for `profile --pid`, every publishing
 // process for the agent).
 //
-// Threadpool work: uprobes on libuv's uv__work_submit and on the work
-// functions a pool thread calls carry the submitting thread's span to the
-// pool thread that runs the item (see "libuv threadpool" below).
+// Threadpool work: uprobes on libuv's uv__work_submit and where its worker
+// loop starts an item carry the submitting thread's span to the pool thread
+// that runs the item (see "libuv threadpool" below).
 
 #include <stdbool.h>
 #include <linux/bpf.h>
@@ -392,8 +392,9 @@ static __always_inline __u32 read_span(const struct target *t, struct task_struc
 // work, done) on the submitting (JS) thread (node's build inlines it into
 // uv_queue_work, probed as well); a pool thread later calls work(w). The
 // submit probe copies the submitter's span (read as a sample reads it) into
-// pool_items under {tgid, w}; the entry probe of the work functions moves it
-// to the pool thread's own storage. A sample of a pool thread without a span
+// pool_items under {tgid, w}; the probe where libuv's worker loop starts
+// the item (or, where that site is not found, the entry probe of the work
+// functions) moves it to the pool thread's own storage. A sample of a pool thread without a span
 // of its own, taken inside the item, then carries the queued span, marked
 // SAMPLE_THREADPOOL.
 //
@@ -785,6 +786,82 @@ int pool_work_enter(struct pt_regs___args *regs)
 		goto idle;
 	bpf_map_delete_elem(&pool_items, &key);
 	// An entry recycled under us (another key's) is not this item's.
+	if (mine->work != key.work)
+		goto idle;
+	asm volatile("" ::: "memory");
+	mine->state = RUNNING_WITH_SPAN;
+	count(POOL_RAN_IN_SPAN);
+	return 0;
+idle:
+	asm volatile("" ::: "memory");
+	mine->state = IDLE;
+	if (item)
+		bpf_map_delete_elem(&pool_items, &key);
+	return 0;
+}
+
+// Where libuv's worker loop starts an item, of any kind: the direct call
+// (the unlock of the queue's mutex) just before it calls w->work(w), with
+// w held across that call in a callee-saved register. The cookie, built by
+// userspace from the decoded loop, says which register and what to add to
+// it, and how far past this call w->work's return address is. A direct
+// call is emulated by the kernel (no single step), and one probe here
+// replaces the entry probes of every work function.
+struct pt_regs___item {
+	unsigned long bx;
+	unsigned long bp;
+	unsigned long r12;
+	unsigned long r13;
+	unsigned long r14;
+	unsigned long r15;
+	unsigned long sp;
+	unsigned long ip;
+} __attribute__((preserve_access_index));
+
+// Each register is loaded at its fixed context offset (the verifier refuses
+// a context load at a computed one), then chosen.
+static __always_inline __u64 item_register(const struct pt_regs___item *regs, __u32 which)
+{
+	__u64 saved[6] = { regs->bx, regs->bp, regs->r12, regs->r13, regs->r14, regs->r15 };
+	return saved[which < 6 ? which : 5];
+}
+
+SEC("uprobe")
+int pool_item_start(struct pt_regs___item *regs)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!bpf_map_lookup_elem(&targets, &tgid))
+		return 0;
+	__u64 cookie = bpf_get_attach_cookie(regs);
+	__s32 displacement = (__s32)(cookie >> 32);
+	struct pool_item_key key = {
+		.tgid = tgid,
+		.work = item_register(regs, (cookie >> 16) & 0xff) + (__s64)displacement,
+	};
+	struct task_struct *current = bpf_get_current_task_btf();
+	struct queued_span *item = bpf_map_lookup_elem(&pool_items, &key);
+	struct queued_span *mine = bpf_task_storage_get(&thread_span, current, 0,
+							item ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	if (!mine) {
+		if (item)
+			bpf_map_delete_elem(&pool_items, &key);
+		return 0;
+	}
+	mine->state = WRITING;
+	// ORDER: as in pool_work_enter.
+	asm volatile("" ::: "memory");
+	if (!item)
+		goto idle;
+	if (bpf_probe_read_kernel(mine->record, sizeof(mine->record), item->record))
+		goto idle;
+	mine->schema = item->schema;
+	mine->work = item->work;
+	// The regs are those at this call, before it pushes anything: the call
+	// through w->work pushes its return address just below this stack
+	// pointer, where it stays while the item runs.
+	mine->entry_sp = regs->sp - 8;
+	mine->return_address = regs->ip + (cookie & 0xffff);
+	bpf_map_delete_elem(&pool_items, &key);
 	if (mine->work != key.work)
 		goto idle;
 	asm volatile("" ::: "memory");

@@ -435,7 +435,7 @@ mod loaded {
     use aya::{Btf, Ebpf, EbpfLoader};
 
     use super::{decode_item, AttachError, Pairing, Sample, TargetPlan, TARGET_SIZE};
-    use crate::profile::threadpool::Probes;
+    use crate::profile::threadpool::{self, Probes};
 
     static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profile.bpf.o"));
 
@@ -540,8 +540,9 @@ mod loaded {
         }
 
         /// Follows process `tgid`'s threadpool work to the span that queued
-        /// it: attaches the submit probes and the entry probe of every work
-        /// function, for that process only (the kernel places the
+        /// it: attaches the submit probes and the probe where the worker
+        /// loop starts an item (or, without it, the entry probe of every
+        /// work function), for that process only (the kernel places the
         /// breakpoints in its memory alone). They stay until `self` drops.
         pub fn attach_threadpool(&mut self, tgid: u32, probes: &Probes) -> Result<(), AttachError> {
             attach_threadpool(&mut self.ebpf, probes, tgid)
@@ -605,8 +606,20 @@ mod loaded {
             .iter()
             .map(|s| ("pool_submit", s.offset, Some(s.work_offset), s.function))
             .collect();
-        for &(name, offset) in &probes.work {
-            sites.push(("pool_work_enter", offset, None, name));
+        // The worker loop's item start covers every kind of item with one
+        // emulated probe; without it, the entry of each work function.
+        match probes.item_start {
+            Some(start) => sites.push((
+                "pool_item_start",
+                start.offset,
+                Some(start.cookie()),
+                threadpool::WORKER_LOOP,
+            )),
+            None => {
+                for &(name, offset) in &probes.work {
+                    sites.push(("pool_work_enter", offset, None, name));
+                }
+            }
         }
         for (program, offset, cookie, function) in sites {
             let prog: &mut UProbe = ebpf

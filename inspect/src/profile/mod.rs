@@ -280,7 +280,10 @@ fn sample(
         lines.push(format!(
             "threadpool: work queued through libuv's pool follows its span to the pool thread ({} -> {} in {})",
             p.submitters.iter().map(|s| s.function).collect::<Vec<_>>().join(", "),
-            p.work.iter().map(|&(name, _)| name).collect::<Vec<_>>().join(", "),
+            match p.item_start {
+                Some(_) => format!("the item start in {}", threadpool::WORKER_LOOP),
+                None => p.work.iter().map(|&(name, _)| name).collect::<Vec<_>>().join(", "),
+            },
             p.module
         ));
     }

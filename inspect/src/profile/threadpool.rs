@@ -3,9 +3,15 @@
 //! `uv__work_submit`, where every pool item is queued, and the work
 //! functions a pool thread calls for an item. libuv keeps these functions
 //! local, so only `.symtab` names them: a stripped build cannot be probed.
+//!
+//! Each probe sits on an instruction the kernel's x86 uprobes emulate (a
+//! register push, a direct call or jump, a conditional jump, a no-op): any
+//! other instruction is single-stepped out of line, a second trap that costs
+//! ten times the first where debug exceptions leave a virtual machine.
 
 use std::path::PathBuf;
 
+use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 use object::elf;
 use object::read::elf::{ElfFile64, ProgramHeader, Sym};
 use object::Endianness;
@@ -42,6 +48,149 @@ pub const WORK_FUNCTIONS: [&str; 4] = [
 
 /// libuv's pool thread loop, which calls each item's work function.
 pub const WORKER_LOOP: &str = "worker";
+
+/// The registers a compiler may keep the worker loop's item in across a
+/// call (the callee-saved ones), in the order the BPF program numbers them.
+const ITEM_REGISTERS: [Register; 6] = [
+    Register::RBX,
+    Register::RBP,
+    Register::R12,
+    Register::R13,
+    Register::R14,
+    Register::R15,
+];
+
+/// Where libuv's worker loop starts each item, whatever its kind: the
+/// direct call just before `w->work(w)` (libuv unlocks the queue's mutex
+/// there). One probe there replaces one per work function, and is always
+/// emulated; `uv__queue_work` (every `uv_queue_work` item) begins with an
+/// instruction that is not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ItemStart {
+    /// File offset of the probed call.
+    pub offset: u64,
+    /// The callee-saved register that holds the item across that call
+    /// (an index into the BPF program's list), and what to add to it to get
+    /// the `struct uv__work *` (the call through `w->work` names both).
+    pub register: u8,
+    pub displacement: i32,
+    /// From the probed call to the return address of `w->work(w)`: the
+    /// value the item's stack slot holds while the item runs.
+    pub return_distance: u16,
+}
+
+impl ItemStart {
+    /// The probe's BPF cookie: return distance in bits 0-15, register in
+    /// bits 16-23, displacement (two's complement) in bits 32-63.
+    pub fn cookie(&self) -> u64 {
+        u64::from(self.return_distance)
+            | u64::from(self.register) << 16
+            | u64::from(self.displacement as u32) << 32
+    }
+}
+
+/// Finds the item start in the code of libuv's worker loop at `ip`: the one
+/// indirect call through a callee-saved register with no index (`w->work`,
+/// at the start of `struct uv__work`), reached from a direct call with only
+/// `lea`/`mov` into other registers between them. Returns the address of
+/// that direct call with the rest of the site; `None` unless exactly one
+/// such call is found.
+fn item_start_in(code: &[u8], ip: u64) -> Option<(u64, u8, i32, u16)> {
+    let insns: Vec<Instruction> = Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
+        .into_iter()
+        .collect();
+    let mut found = None;
+    for (i, call) in insns.iter().enumerate() {
+        if call.mnemonic() != Mnemonic::Call
+            || call.op0_kind() != OpKind::Memory
+            || call.memory_index() != Register::None
+        {
+            continue;
+        }
+        let base = call.memory_base();
+        let Some(register) = ITEM_REGISTERS.iter().position(|&r| r == base) else {
+            continue;
+        };
+        let Ok(displacement) = i32::try_from(call.memory_displacement64() as i64) else {
+            continue;
+        };
+        let mut site = None;
+        for prior in insns[i.saturating_sub(4)..i].iter().rev() {
+            if prior.mnemonic() == Mnemonic::Call && direct(prior) {
+                site = Some(prior);
+                break;
+            }
+            let moves_into_other_register =
+                matches!(prior.mnemonic(), Mnemonic::Lea | Mnemonic::Mov)
+                    && prior.op0_kind() == OpKind::Register
+                    && ![base, Register::RSP].contains(&prior.op0_register().full_register());
+            if !moves_into_other_register {
+                break;
+            }
+        }
+        let Some(site) = site else { continue };
+        if found.is_some() {
+            return None;
+        }
+        let distance = u16::try_from(call.next_ip() - site.ip()).ok()?;
+        found = Some((site.ip(), register as u8, displacement, distance));
+    }
+    found
+}
+
+/// Whether the kernel's x86 uprobes emulate `insn` instead of
+/// single-stepping it.
+fn emulated(insn: &Instruction) -> bool {
+    match insn.mnemonic() {
+        Mnemonic::Push => insn.op0_kind() == OpKind::Register && insn.op0_register().size() == 8,
+        Mnemonic::Nop => true,
+        Mnemonic::Call | Mnemonic::Jmp => direct(insn),
+        Mnemonic::Ja
+        | Mnemonic::Jae
+        | Mnemonic::Jb
+        | Mnemonic::Jbe
+        | Mnemonic::Je
+        | Mnemonic::Jg
+        | Mnemonic::Jge
+        | Mnemonic::Jl
+        | Mnemonic::Jle
+        | Mnemonic::Jne
+        | Mnemonic::Jno
+        | Mnemonic::Jnp
+        | Mnemonic::Jns
+        | Mnemonic::Jo
+        | Mnemonic::Jp
+        | Mnemonic::Js => direct(insn),
+        _ => false,
+    }
+}
+
+/// A branch to an address encoded in the instruction itself.
+fn direct(insn: &Instruction) -> bool {
+    insn.op0_kind() == OpKind::NearBranch64
+}
+
+/// Where in a function's `code` (at `ip`) an entry probe goes: its first
+/// instruction when the kernel emulates it, else the first emulated one
+/// after leading instructions that write nothing but the flags (`endbr64`,
+/// `test`, `cmp`: the arguments are still untouched there).
+fn emulated_entry(code: &[u8], ip: u64) -> u64 {
+    for insn in Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
+        .into_iter()
+        .take(4)
+    {
+        if emulated(&insn) {
+            return insn.ip() - ip;
+        }
+        if !matches!(
+            insn.mnemonic(),
+            Mnemonic::Endbr64 | Mnemonic::Test | Mnemonic::Cmp
+        ) {
+            break;
+        }
+    }
+    0
+}
 
 /// What libuv's worker loop calls between items, to wait for the next one
 /// and to hand the finished one back: its lock, condition variable and
@@ -115,17 +264,26 @@ pub struct Probes {
     pub attach_path: PathBuf,
     /// Where work is queued.
     pub submitters: Vec<Submitter>,
+    /// Where the worker loop starts each item: probed instead of the work
+    /// functions when found.
+    pub item_start: Option<ItemStart>,
     /// The work functions found, with their file offsets.
     pub work: Vec<(&'static str, u64)>,
 }
 
-/// The probe sites in one ELF image: where work is queued, and the work
-/// functions present (with their file offsets). `None` when it defines
-/// neither `uv__work_submit` nor `uv_queue_work`.
-#[allow(clippy::type_complexity)]
-pub fn sites(
-    data: &[u8],
-) -> Result<Option<(Vec<Submitter>, Vec<(&'static str, u64)>)>, object::read::Error> {
+/// What one ELF image offers the threadpool probes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sites {
+    pub submitters: Vec<Submitter>,
+    pub item_start: Option<ItemStart>,
+    pub work: Vec<(&'static str, u64)>,
+}
+
+/// The probe sites in one ELF image: where work is queued (each probe on
+/// its function's first emulated instruction), where the worker loop starts
+/// items, and the work functions present. `None` when it defines neither
+/// `uv__work_submit` nor `uv_queue_work`.
+pub fn sites(data: &[u8]) -> Result<Option<Sites>, object::read::Error> {
     let file = ElfFile64::<Endianness>::parse(data)?;
     let endian = file.endian();
     let loads: Vec<(u64, u64, u64)> = file
@@ -140,8 +298,15 @@ pub fn sites(
             .find(|&&(start, size, _)| vaddr >= start && vaddr - start < size)
             .map(|&(start, _, offset)| vaddr - start + offset)
     };
+    // A function's code as the file holds it, with its address.
+    let code = |vaddr: u64, size: u64| -> Option<(&[u8], u64)> {
+        let at = usize::try_from(file_offset(vaddr)?).ok()?;
+        let len = usize::try_from(size).ok()?;
+        Some((data.get(at..at.checked_add(len)?)?, vaddr))
+    };
     let mut submitters: Vec<Submitter> = Vec::new();
     let mut work = Vec::new();
+    let mut item_start = None;
     for table in [file.elf_symbol_table(), file.elf_dynamic_symbol_table()] {
         let strings = table.strings();
         for sym in table.symbols() {
@@ -151,7 +316,8 @@ pub fn sites(
             let Ok(name) = sym.name(endian, strings) else {
                 continue;
             };
-            let Some(offset) = file_offset(sym.st_value(endian)) else {
+            let (vaddr, size) = (sym.st_value(endian), sym.st_size(endian));
+            let Some(offset) = file_offset(vaddr) else {
                 continue;
             };
             let submitter = match name {
@@ -161,12 +327,24 @@ pub fn sites(
             };
             if let Some((function, work_offset)) = submitter {
                 if !submitters.iter().any(|s| s.function == function) {
+                    let skip = code(vaddr, size).map_or(0, |(c, ip)| emulated_entry(c, ip));
                     submitters.push(Submitter {
                         function,
-                        offset,
+                        offset: offset + skip,
                         work_offset,
                     });
                 }
+            } else if name == WORKER_LOOP.as_bytes() && item_start.is_none() {
+                item_start = code(vaddr, size)
+                    .and_then(|(c, ip)| item_start_in(c, ip))
+                    .and_then(|(site, register, displacement, return_distance)| {
+                        Some(ItemStart {
+                            offset: file_offset(site)?,
+                            register,
+                            displacement,
+                            return_distance,
+                        })
+                    });
             } else if let Some(&known) = WORK_FUNCTIONS.iter().find(|f| f.as_bytes() == name) {
                 if !work.iter().any(|&(n, _)| n == known) {
                     work.push((known, offset));
@@ -176,7 +354,11 @@ pub fn sites(
     }
     work.sort_by_key(|&(name, _)| WORK_FUNCTIONS.iter().position(|&f| f == name));
     submitters.sort_by_key(|s| s.function != SUBMIT);
-    Ok((!submitters.is_empty()).then_some((submitters, work)))
+    Ok((!submitters.is_empty()).then_some(Sites {
+        submitters,
+        item_start,
+        work,
+    }))
 }
 
 /// The modules of `pid` that may hold libuv: its executable, then any
@@ -213,15 +395,16 @@ pub fn find(pid: i32, maps: &[Mapping]) -> Result<Probes, String> {
             .map_err(|e| e.to_string())
             .and_then(|m| sites(m.bytes()).map_err(|e| e.to_string()));
         match found {
-            Ok(Some((_, work))) if work.is_empty() => looked.push(format!(
-                "no libuv work function in the symbol table of {module}"
-            )),
-            Ok(Some((submitters, work))) => {
+            Ok(Some(found)) if found.work.is_empty() && found.item_start.is_none() => looked.push(
+                format!("no libuv work function in the symbol table of {module}"),
+            ),
+            Ok(Some(found)) => {
                 return Ok(Probes {
                     module,
                     attach_path,
-                    submitters,
-                    work,
+                    submitters: found.submitters,
+                    item_start: found.item_start,
+                    work: found.work,
                 })
             }
             Ok(None) => looked.push(format!("no {SUBMIT} in the symbol table of {module}")),
@@ -340,7 +523,13 @@ mod tests {
             return;
         };
         let data = std::fs::read(&exe).unwrap();
-        let (submitters, work) = sites(&data).unwrap().expect("uv__work_submit found");
+        let Sites {
+            submitters,
+            item_start,
+            work,
+        } = sites(&data).unwrap().expect("uv__work_submit found");
+        // No `worker` here, and `ud2` is not emulated: probes at offset 0.
+        assert_eq!(item_start, None);
         let at = |o: u64| &data[o as usize..o as usize + 3];
         assert_eq!(submitters.len(), 2);
         assert_eq!(
@@ -387,7 +576,22 @@ mod tests {
         let Ok(mapped) = std::fs::File::open(&path).and_then(|f| MappedFile::map(&f)) else {
             return;
         };
-        if let Some((submitters, work)) = sites(mapped.bytes()).unwrap() {
+        if let Some(Sites {
+            submitters,
+            item_start,
+            work,
+        }) = sites(mapped.bytes()).unwrap()
+        {
+            // libuv's worker loop calls `w->work(w)` right after unlocking.
+            let start = item_start.expect("the worker loop's item start");
+            let code = &mapped.bytes()[start.offset as usize..];
+            assert_eq!(code[0], 0xe8, "a direct call: {:x?}", &code[..8]);
+            assert_eq!(start.displacement, -0x18, "w->work through &w->wq");
+            for s in &submitters {
+                let at = &mapped.bytes()[s.offset as usize..s.offset as usize + 16];
+                let insn = Decoder::new(64, at, DecoderOptions::NONE).decode();
+                assert!(emulated(&insn), "{}: {insn:?}", s.function);
+            }
             assert!(work.iter().any(|&(n, _)| n == "uv__fs_work"), "{work:?}");
             assert!(work.iter().any(|&(n, _)| n == "uv__queue_work"), "{work:?}");
             assert_eq!(submitters.len(), 2, "{submitters:?}");
@@ -398,6 +602,71 @@ mod tests {
             let back = (WORK_REQ_OFFSET as i8).wrapping_neg() as u8;
             assert!(code.contains(&back), "{code:x?}");
         }
+    }
+
+    /// libuv's worker loop around `w->work(w)` as Node 20 (item in rbx)
+    /// and Node 26 (in r12) build it: the queue's mutex is unlocked, then
+    /// `lea -0x18(%reg),%rdi; call *-0x18(%reg)`.
+    const WORKER_RBX: [u8; 17] = [
+        0xbf, 0x60, 0xf9, 0x66, 0x05, // mov $0x566f960,%edi
+        0xe8, 0x77, 0x33, 0x01, 0x00, // call uv_mutex_unlock
+        0x48, 0x8d, 0x7b, 0xe8, // lea -0x18(%rbx),%rdi
+        0xff, 0x53, 0xe8, // call *-0x18(%rbx)
+    ];
+    const WORKER_R12: [u8; 20] = [
+        0xbf, 0xa0, 0x1b, 0x3a, 0x07, // mov $0x73a1ba0,%edi
+        0xe8, 0xbc, 0x15, 0x01, 0x00, // call uv_mutex_unlock
+        0x49, 0x8d, 0x7c, 0x24, 0xe8, // lea -0x18(%r12),%rdi
+        0x41, 0xff, 0x54, 0x24, 0xe8, // call *-0x18(%r12)
+    ];
+
+    #[test]
+    fn the_item_start_is_the_direct_call_before_the_call_through_the_item() {
+        let at = 0x1000;
+        assert_eq!(item_start_in(&WORKER_RBX, at), Some((at + 5, 0, -0x18, 12)));
+        assert_eq!(item_start_in(&WORKER_R12, at), Some((at + 5, 2, -0x18, 15)));
+        let start = ItemStart {
+            offset: 0,
+            register: 2,
+            displacement: -0x18,
+            return_distance: 15,
+        };
+        assert_eq!(start.cookie(), 0xffff_ffe8_0002_000f);
+    }
+
+    #[test]
+    fn no_item_start_where_the_register_may_change_or_the_call_is_not_unique() {
+        // The register itself reloaded between the probe and the call.
+        let mut reloaded = WORKER_RBX;
+        reloaded[10..14].copy_from_slice(&[0x48, 0x8d, 0x5b, 0xe8]); // lea -0x18(%rbx),%rbx
+        assert_eq!(item_start_in(&reloaded, 0), None);
+        // A caller-saved register does not survive the unlock.
+        let mut caller_saved = WORKER_RBX;
+        caller_saved[10..17].copy_from_slice(&[0x48, 0x8d, 0x79, 0xe8, 0xff, 0x51, 0xe8]);
+        assert_eq!(item_start_in(&caller_saved, 0), None);
+        // Two candidate calls: which one runs items is unknown.
+        let twice = [WORKER_RBX, WORKER_RBX].concat();
+        assert_eq!(item_start_in(&twice, 0), None);
+        assert_eq!(item_start_in(&[0xc3], 0), None);
+    }
+
+    #[test]
+    fn entry_probes_go_on_the_first_emulated_instruction() {
+        // push %rbp: emulated at the entry itself.
+        assert_eq!(emulated_entry(&[0x55, 0x48, 0x89, 0xe5], 0), 0);
+        // Node 24's uv_queue_work: test %rdx,%rdx; je ...
+        assert_eq!(
+            emulated_entry(&[0x48, 0x85, 0xd2, 0x0f, 0x84, 0, 0, 0, 0], 0),
+            3
+        );
+        // endbr64; push %r15
+        assert_eq!(emulated_entry(&[0xf3, 0x0f, 0x1e, 0xfa, 0x41, 0x57], 0), 4);
+        // Node 20's uv__queue_work: lea -0x58(%rdi),%r8 writes a register
+        // before anything emulated: the entry itself, single-stepped.
+        assert_eq!(
+            emulated_entry(&[0x4c, 0x8d, 0x47, 0xa8, 0x48, 0x8b, 0x47, 0xf0], 0),
+            0
+        );
     }
 
     #[test]
