@@ -738,6 +738,54 @@ int pool_submit(struct pt_regs___args *regs)
 	return 0;
 }
 
+// The pool thread's own state and the item queued under `key` (NULL when
+// it was not queued in a span). The state is created only for such an
+// item; without it, the item is dropped and NULL returned.
+static __always_inline struct queued_span *pool_thread_state(struct pool_item_key *key,
+							      struct queued_span **item)
+{
+	*item = bpf_map_lookup_elem(&pool_items, key);
+	struct queued_span *mine = bpf_task_storage_get(&thread_span, bpf_get_current_task_btf(), 0,
+							*item ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	if (!mine && *item)
+		bpf_map_delete_elem(&pool_items, key);
+	return mine;
+}
+
+// The pool thread `mine` begins `item` (NULL: not queued in a span): moves
+// its span into the thread's storage with the stack slot that holds the
+// item's return address while it runs, or marks the thread idle.
+static __always_inline void begin_item(struct pool_item_key *key, struct queued_span *item,
+				       struct queued_span *mine, __u64 entry_sp,
+				       __u64 return_address)
+{
+	mine->state = WRITING;
+	// ORDER: WRITING is visible before the copy starts and RUNNING_WITH_SPAN
+	// only after it ends, for a sample that interrupts this thread; the
+	// barriers keep the compiler from moving the stores (the reader is on
+	// the same CPU, so no hardware fence is needed).
+	asm volatile("" ::: "memory");
+	if (!item || bpf_probe_read_kernel(mine->record, sizeof(mine->record), item->record))
+		goto idle;
+	mine->schema = item->schema;
+	mine->work = item->work;
+	mine->entry_sp = entry_sp;
+	mine->return_address = return_address;
+	bpf_map_delete_elem(&pool_items, key);
+	// An entry recycled under us (another key's) is not this item's.
+	if (mine->work != key->work)
+		goto idle;
+	asm volatile("" ::: "memory");
+	mine->state = RUNNING_WITH_SPAN;
+	count(POOL_RAN_IN_SPAN);
+	return;
+idle:
+	asm volatile("" ::: "memory");
+	mine->state = IDLE;
+	if (item)
+		bpf_map_delete_elem(&pool_items, key);
+}
+
 // Entry of a work function (uv__fs_work, uv__queue_work, ...): work(w) on
 // a pool thread.
 SEC("uprobe")
@@ -747,15 +795,10 @@ int pool_work_enter(struct pt_regs___args *regs)
 	if (!bpf_map_lookup_elem(&targets, &tgid))
 		return 0;
 	struct pool_item_key key = { .tgid = tgid, .work = regs->di };
-	struct task_struct *current = bpf_get_current_task_btf();
-	struct queued_span *item = bpf_map_lookup_elem(&pool_items, &key);
-	struct queued_span *mine = bpf_task_storage_get(&thread_span, current, 0,
-							item ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
-	if (!mine) {
-		if (item)
-			bpf_map_delete_elem(&pool_items, &key);
+	struct queued_span *item;
+	struct queued_span *mine = pool_thread_state(&key, &item);
+	if (!mine)
 		return 0;
-	}
 	if (!item) {
 		// A work function called inside the running item (a synchronous
 		// uv_fs_* call runs uv__fs_work in place, as node's fs.readFile
@@ -770,33 +813,13 @@ int pool_work_enter(struct pt_regs___args *regs)
 		mine->state = IDLE;
 		return 0;
 	}
-	mine->state = WRITING;
-	// ORDER: WRITING is visible before the copy starts and RUNNING_WITH_SPAN
-	// only after it ends, for a sample that interrupts this thread; the
-	// barriers keep the compiler from moving the stores (the reader is on
-	// the same CPU, so no hardware fence is needed).
-	asm volatile("" ::: "memory");
-	if (bpf_probe_read_kernel(mine->record, sizeof(mine->record), item->record))
-		goto idle;
-	mine->schema = item->schema;
-	mine->work = item->work;
-	mine->entry_sp = regs->sp;
-	if (bpf_probe_read_user(&mine->return_address, sizeof(mine->return_address),
-				(void *)mine->entry_sp))
-		goto idle;
-	bpf_map_delete_elem(&pool_items, &key);
-	// An entry recycled under us (another key's) is not this item's.
-	if (mine->work != key.work)
-		goto idle;
-	asm volatile("" ::: "memory");
-	mine->state = RUNNING_WITH_SPAN;
-	count(POOL_RAN_IN_SPAN);
-	return 0;
-idle:
-	asm volatile("" ::: "memory");
-	mine->state = IDLE;
-	if (item)
+	__u64 return_address = 0;
+	if (bpf_probe_read_user(&return_address, sizeof(return_address), (void *)regs->sp)) {
+		mine->state = IDLE;
 		bpf_map_delete_elem(&pool_items, &key);
+		return 0;
+	}
+	begin_item(&key, item, mine, regs->sp, return_address);
 	return 0;
 }
 
@@ -838,41 +861,14 @@ int pool_item_start(struct pt_regs___item *regs)
 		.tgid = tgid,
 		.work = item_register(regs, (cookie >> 16) & 0xff) + (__s64)displacement,
 	};
-	struct task_struct *current = bpf_get_current_task_btf();
-	struct queued_span *item = bpf_map_lookup_elem(&pool_items, &key);
-	struct queued_span *mine = bpf_task_storage_get(&thread_span, current, 0,
-							item ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
-	if (!mine) {
-		if (item)
-			bpf_map_delete_elem(&pool_items, &key);
+	struct queued_span *item;
+	struct queued_span *mine = pool_thread_state(&key, &item);
+	if (!mine)
 		return 0;
-	}
-	mine->state = WRITING;
-	// ORDER: as in pool_work_enter.
-	asm volatile("" ::: "memory");
-	if (!item)
-		goto idle;
-	if (bpf_probe_read_kernel(mine->record, sizeof(mine->record), item->record))
-		goto idle;
-	mine->schema = item->schema;
-	mine->work = item->work;
 	// The regs are those at this call, before it pushes anything: the call
 	// through w->work pushes its return address just below this stack
 	// pointer, where it stays while the item runs.
-	mine->entry_sp = regs->sp - 8;
-	mine->return_address = regs->ip + (cookie & 0xffff);
-	bpf_map_delete_elem(&pool_items, &key);
-	if (mine->work != key.work)
-		goto idle;
-	asm volatile("" ::: "memory");
-	mine->state = RUNNING_WITH_SPAN;
-	count(POOL_RAN_IN_SPAN);
-	return 0;
-idle:
-	asm volatile("" ::: "memory");
-	mine->state = IDLE;
-	if (item)
-		bpf_map_delete_elem(&pool_items, &key);
+	begin_item(&key, item, mine, regs->sp - 8, regs->ip + (cookie & 0xffff));
 	return 0;
 }
 
