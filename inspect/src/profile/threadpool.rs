@@ -6,8 +6,9 @@
 //!
 //! Each probe sits on an instruction the kernel's x86 uprobes emulate (a
 //! register push, a direct call or jump, a conditional jump, a no-op): any
-//! other instruction is single-stepped out of line, a second trap that costs
-//! ten times the first where debug exceptions leave a virtual machine.
+//! other instruction is single-stepped out of line, a second trap, far
+//! costlier than the first where debug exceptions leave a virtual machine
+//! (BENCHMARKS.md).
 
 use std::path::PathBuf;
 
