@@ -394,9 +394,9 @@ static __always_inline __u32 read_span(const struct target *t, struct task_struc
 // submit probe copies the submitter's span (read as a sample reads it) into
 // pool_items under {tgid, w}; the probe where libuv's worker loop starts
 // the item (or, where that site is not found, the entry probe of the work
-// functions) moves it to the pool thread's own storage. A sample of a pool thread without a span
-// of its own, taken inside the item, then carries the queued span, marked
-// SAMPLE_THREADPOOL.
+// functions) moves it to the pool thread's own storage. A sample of a pool
+// thread without a span of its own, taken inside the item, then carries the
+// queued span, marked SAMPLE_THREADPOOL.
 //
 // Never a wrong span: a submit without a span deletes any entry left under
 // the same address (a cancelled item's, since libuv reuses requests); an

@@ -602,13 +602,14 @@ mod loaded {
         // The cookie tells the submit probe where the work item is in its
         // second argument.
         let mut sites: Vec<(&str, u64, Option<u64>, &str)> = probes
+            .sites
             .submitters
             .iter()
             .map(|s| ("pool_submit", s.offset, Some(s.work_offset), s.function))
             .collect();
         // The worker loop's item start covers every kind of item with one
         // emulated probe; without it, the entry of each work function.
-        match probes.item_start {
+        match probes.sites.item_start {
             Some(start) => sites.push((
                 "pool_item_start",
                 start.offset,
@@ -616,7 +617,7 @@ mod loaded {
                 threadpool::WORKER_LOOP,
             )),
             None => {
-                for &(name, offset) in &probes.work {
+                for &(name, offset) in &probes.sites.work {
                     sites.push(("pool_work_enter", offset, None, name));
                 }
             }

@@ -279,10 +279,10 @@ fn sample(
     if let Some(p) = &pool {
         lines.push(format!(
             "threadpool: work queued through libuv's pool follows its span to the pool thread ({} -> {} in {})",
-            p.submitters.iter().map(|s| s.function).collect::<Vec<_>>().join(", "),
-            match p.item_start {
+            p.sites.submitters.iter().map(|s| s.function).collect::<Vec<_>>().join(", "),
+            match p.sites.item_start {
                 Some(_) => format!("the item start in {}", threadpool::WORKER_LOOP),
-                None => p.work.iter().map(|&(name, _)| name).collect::<Vec<_>>().join(", "),
+                None => p.sites.work.iter().map(|&(name, _)| name).collect::<Vec<_>>().join(", "),
             },
             p.module
         ));

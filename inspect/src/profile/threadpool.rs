@@ -263,20 +263,19 @@ pub struct Probes {
     pub module: String,
     /// The same file as this process reaches it (through the target's root).
     pub attach_path: PathBuf,
+    /// What the module offers the probes.
+    pub sites: Sites,
+}
+
+/// What one ELF image offers the threadpool probes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sites {
     /// Where work is queued.
     pub submitters: Vec<Submitter>,
     /// Where the worker loop starts each item: probed instead of the work
     /// functions when found.
     pub item_start: Option<ItemStart>,
     /// The work functions found, with their file offsets.
-    pub work: Vec<(&'static str, u64)>,
-}
-
-/// What one ELF image offers the threadpool probes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Sites {
-    pub submitters: Vec<Submitter>,
-    pub item_start: Option<ItemStart>,
     pub work: Vec<(&'static str, u64)>,
 }
 
@@ -403,9 +402,7 @@ pub fn find(pid: i32, maps: &[Mapping]) -> Result<Probes, String> {
                 return Ok(Probes {
                     module,
                     attach_path,
-                    submitters: found.submitters,
-                    item_start: found.item_start,
-                    work: found.work,
+                    sites: found,
                 })
             }
             Ok(None) => looked.push(format!("no {SUBMIT} in the symbol table of {module}")),
