@@ -18,7 +18,9 @@
 //
 // Threadpool work: uprobes on libuv's uv__work_submit and where its worker
 // loop starts an item carry the submitting thread's span to the pool thread
-// that runs the item (see "libuv threadpool" below).
+// that runs the item (see "libuv threadpool" below); or, for a target that
+// publishes the Node.js schema, a pool thread's sample finds its running
+// item and reads the span from the request (see "The running item").
 
 #include <stdbool.h>
 #include <linux/bpf.h>
@@ -75,6 +77,9 @@ enum sample_flags {
 	// A pool thread running a work item: the record is the span of the
 	// thread that queued the item, read when it queued it.
 	SAMPLE_THREADPOOL = 1,
+	// A pool thread running the item pool_item names, whose span could not
+	// be read now (its isolate in a moving GC, or not yet seen).
+	SAMPLE_POOL_UNREAD = 2,
 };
 
 // One sample as userspace receives it (laid out without implicit padding;
@@ -95,6 +100,12 @@ struct sample {
 	__u64 user_stack[MAX_FRAMES];
 	__u64 kernel_stack[MAX_FRAMES];
 	__u64 user_stack_copy_id; // the user_stack_copy sent for this sample; 0: none
+	// A pool thread running an item read at sample time: the item and its
+	// resource's async id (0, 0: none). Userspace gives a sample whose span
+	// could not be read (inside a moving GC) the span its item's other
+	// samples carry.
+	__u64 pool_item;
+	__u64 pool_async_id;
 };
 
 // Where one schema's TLS variable is, from a thread pointer.
@@ -104,6 +115,33 @@ struct tls_plan {
 	__s64 tp_offset;          // TLS_STATIC: variable = tp + tp_offset
 	__u64 module_id;          // TLS_DTV: the module's DTV slot
 	__u64 module_offset;      // TLS_DTV: offset in the module's block
+};
+
+// How a pool thread's running item is found at sample time, and its span
+// read from the request that queued it (see "libuv threadpool" below).
+// Userspace encodes it with the rest of `struct target`.
+struct pool_plan {
+	__u64 return_address;       // where w->work(w) returns in libuv's worker; 0: off
+	__u64 fs_work;              // the work functions' addresses: w->work of each kind
+	__u64 getaddrinfo_work;
+	__u64 getnameinfo_work;
+	__u64 queue_work;
+	__u64 thread_pool_work_cb;  // node's ThreadPoolWork callback (uv_work_t.work_cb); 0: none
+	__u64 napi_work_vptr;       // the vtable pointer of N-API's async work; 0: none
+	__s64 item_displacement;    // the item = the worker loop's register + this
+	__u64 wq_offset;            // struct uv__work: wq
+	__u64 fs_work_offset;       // uv_fs_t: work_req
+	__u64 addrinfo_work_offset; // uv_getaddrinfo_t and uv_getnameinfo_t: work_req
+	__u64 queue_work_offset;    // uv_work_t: work_req
+	__u64 work_cb_offset;       // uv_work_t: work_cb
+	__u64 thread_pool_work_offset;     // node::ThreadPoolWork: work_req_
+	__u64 async_wrap_object_offset;    // node::BaseObject: its JS object's global handle
+	__u64 object_frame_offset;         // that JS object (untagged): the context frame field
+	__u64 async_resource_frame_offset; // node::AsyncResource: context_frame_ (a global handle)
+	__u64 async_wrap_id_offset;        // node::AsyncWrap: async_id_ (a double)
+	__u64 async_resource_id_offset;    // node::AsyncResource: async_context_.async_id
+	__u32 item_register;        // the worker loop's register, numbered as item_register() does
+	__u32 reserved;
 };
 
 // How to read one process's thread context; the value of `targets`. The
@@ -119,6 +157,7 @@ struct target {
 	__u64 v8_tagged_size;
 	__u64 v8_js_map_table_offset;
 	__u64 v8_ordered_hash_map_header_size;
+	struct pool_plan pool;
 };
 
 // The profiled processes, by tgid. Userspace sets max_entries.
@@ -256,15 +295,14 @@ static __always_inline int read_word(__u64 *dst, __u64 addr)
 // address; then the record, as above. Every count is bounded and the chain
 // is followed at most ABI_NODE_MAX_CHAIN_HOPS times, so the verifier sees a
 // bounded loop and a wrong or moved object ends as a reason, never a guess.
-//
-// Several modules may define the variable (a writer in use beside an addon
-// that is loaded but idle): the walk follows the first module whose block
-// is published for this thread (cped_slot != 0).
-static __always_inline __u32 read_nodejs_record(const struct target *t, struct task_struct *task,
-						__u8 *dst)
+
+// The thread's published block (cped_slot != 0). Several modules may define
+// the variable (a writer in use beside an addon that is loaded but idle):
+// the first module whose block is published for this thread wins.
+static __always_inline __u32 nodejs_block(const struct target *t, struct task_struct *task,
+					  __u64 *block, __u64 *where)
 {
 	__u64 tp = BPF_CORE_READ(task, thread.fsbase);
-	__u64 block[ABI_NODE_SIZE / 8] = {};
 	__u32 status = NODE_NOT_PUBLISHED;
 	for (int i = 0; i < ABI_NODE_MAX_MODULES; i++) {
 		if (t->nodejs[i].mode == TLS_NONE)
@@ -273,28 +311,32 @@ static __always_inline __u32 read_nodejs_record(const struct target *t, struct t
 		__u32 located = tls_variable(t, tp, &t->nodejs[i], &variable);
 		if (located == RECORD_NO_TLS_BLOCK)
 			continue;
-		if (located != RECORD_READ || bpf_probe_read_user(block, sizeof(block), (void *)variable)) {
+		if (located != RECORD_READ ||
+		    bpf_probe_read_user(block, ABI_NODE_SIZE, (void *)variable)) {
 			// Unreadable here: report it unless a later module publishes.
 			if (status == NODE_NOT_PUBLISHED)
 				status = located != RECORD_READ ? located : RECORD_UNREADABLE;
 			continue;
 		}
 		if (block[ABI_NODE_OFFSET_CPED_SLOT / 8]) {
-			status = RECORD_READ;
-			break;
+			*where = variable;
+			return RECORD_READ;
 		}
 	}
-	if (status != RECORD_READ)
-		return status;
-	__u64 cped_slot = block[ABI_NODE_OFFSET_CPED_SLOT / 8];
+	return status;
+}
+
+// From an AsyncContextFrame (tagged) to the record of the writer whose
+// block is `block`: steps 3 to 6 of the walk.
+static __always_inline __u32 walk_frame(const struct target *t, const __u64 *block, __u64 frame,
+					__u8 *dst)
+{
 	__u64 als_handle = block[ABI_NODE_OFFSET_ALS_HANDLE / 8];
 	__u32 hash = (__u32)block[ABI_NODE_OFFSET_ALS_IDENTITY_HASH / 8];
 	__u64 undefined = block[ABI_NODE_OFFSET_UNDEFINED_ADDR / 8];
 	if (t->v8_tagged_size != 8)
 		return NODE_WRONG_OBJECT;
-	__u64 frame = 0, table = 0, als = 0, head = 0;
-	if (read_word(&frame, cped_slot))
-		return RECORD_UNREADABLE;
+	__u64 table = 0, als = 0, head = 0;
 	if (frame == undefined || !is_heap_object(frame))
 		return NODE_NO_FRAME;
 	if (read_word(&table, frame - 1 + t->v8_js_map_table_offset))
@@ -362,6 +404,110 @@ static __always_inline __u32 read_nodejs_record(const struct target *t, struct t
 	return copy_record(record, dst);
 }
 
+
+// The Node.js blocks seen in each target process, one per isolate (the
+// main thread's and each worker's), for reading pool threads, which publish
+// none: a pool item's frame belongs to the isolate that queued it, and only
+// that isolate's AsyncLocalStorage is a key in it. Filled as JS threads are
+// sampled; a slot is reused in turn once all are taken.
+#define MAX_ISOLATES 8
+
+struct isolate_blocks {
+	__u64 block[MAX_ISOLATES][ABI_NODE_SIZE / 8];
+	__u64 variable[MAX_ISOLATES]; // where each block is: its gate, read live
+	__u32 next;
+	__u32 reserved;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct isolate_blocks);
+} isolates SEC(".maps");
+
+// Never written: the zeroed value a new `isolates` entry starts from (the
+// value is too large for the BPF stack).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct isolate_blocks);
+} no_isolates SEC(".maps");
+
+static __always_inline void remember_isolate(struct task_struct *task, const __u64 *block,
+					     __u64 where)
+{
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+	struct isolate_blocks *known = bpf_map_lookup_elem(&isolates, &tgid);
+	if (!known) {
+		__u32 zero = 0;
+		struct isolate_blocks *empty = bpf_map_lookup_elem(&no_isolates, &zero);
+		if (!empty)
+			return;
+		bpf_map_update_elem(&isolates, &tgid, empty, BPF_NOEXIST);
+		known = bpf_map_lookup_elem(&isolates, &tgid);
+		if (!known)
+			return;
+	}
+	__u64 handle = block[ABI_NODE_OFFSET_ALS_HANDLE / 8];
+	for (int i = 0; i < MAX_ISOLATES; i++)
+		if (known->block[i][ABI_NODE_OFFSET_ALS_HANDLE / 8] == handle &&
+		    known->block[i][ABI_NODE_OFFSET_UNDEFINED_ADDR / 8] ==
+			    block[ABI_NODE_OFFSET_UNDEFINED_ADDR / 8])
+			return;
+	// Two CPUs may store at once: a mixed entry's handle and hash then
+	// disagree, and its walks end without a match, never with a wrong one.
+	__u32 at = known->next % MAX_ISOLATES;
+	known->next = at + 1;
+	for (int w = 0; w < ABI_NODE_SIZE / 8; w++)
+		known->block[at][w] = block[w];
+	known->variable[at] = where;
+}
+
+// When each thread's block was last looked for at a switch.
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u64);
+} isolate_checked SEC(".maps");
+
+#define ISOLATE_CHECK_NS (50 * 1000 * 1000ULL)
+
+// Learns the block of a target thread as it switches out, at most once per
+// ISOLATE_CHECK_NS per thread: a JS thread that queues pool work and then
+// waits is rarely sampled on CPU, and its items' samples need its block
+// from the first one on.
+static __always_inline void check_isolate(const struct target *t, struct task_struct *task)
+{
+	if (!t->pool.return_address || t->nodejs[0].mode == TLS_NONE)
+		return;
+	__u64 *at = bpf_task_storage_get(&isolate_checked, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	__u64 now = bpf_ktime_get_ns();
+	if (!at || now - *at < ISOLATE_CHECK_NS)
+		return;
+	*at = now;
+	__u64 block[ABI_NODE_SIZE / 8] = {}, where = 0;
+	if (nodejs_block(t, task, block, &where) == RECORD_READ)
+		remember_isolate(task, block, where);
+}
+
+static __always_inline __u32 read_nodejs_record(const struct target *t, struct task_struct *task,
+						__u8 *dst)
+{
+	__u64 block[ABI_NODE_SIZE / 8] = {}, where = 0;
+	__u32 status = nodejs_block(t, task, block, &where);
+	if (status != RECORD_READ)
+		return status;
+	if (t->pool.return_address)
+		remember_isolate(task, block, where);
+	__u64 frame = 0;
+	if (read_word(&frame, block[ABI_NODE_OFFSET_CPED_SLOT / 8]))
+		return RECORD_UNREADABLE;
+	return walk_frame(t, block, frame, dst);
+}
+
 static __always_inline bool has_span(__u32 status, const __u8 *record)
 {
 	return status == RECORD_READ && record[ABI_OFFSET_VALID] == ABI_VALID;
@@ -384,114 +530,6 @@ static __always_inline __u32 read_span(const struct target *t, struct task_struc
 		}
 	}
 	return status;
-}
-
-// --- libuv threadpool ---------------------------------------------------
-//
-// libuv queues every threadpool item through uv__work_submit(loop, w, kind,
-// work, done) on the submitting (JS) thread (node's build inlines it into
-// uv_queue_work, probed as well); a pool thread later calls work(w). The
-// submit probe copies the submitter's span (read as a sample reads it) into
-// pool_items under {tgid, w}; the probe where libuv's worker loop starts
-// the item (or, where that site is not found, the entry probe of the work
-// functions) moves it to the pool thread's own storage. A sample of a pool
-// thread without a span of its own, taken inside the item, then carries the
-// queued span, marked SAMPLE_THREADPOOL.
-//
-// Never a wrong span: a submit without a span deletes any entry left under
-// the same address (a cancelled item's, since libuv reuses requests); an
-// item whose entry was evicted runs without a span. pool_items is an LRU
-// table, so items that never run (cancelled) cannot fill it for good; the
-// per-thread state lives in task storage, freed with the thread (a process
-// that exits mid-item leaves nothing behind).
-//
-// The end of an item needs no probe of its own (a return probe would cost
-// a third trap per item): a sample checks that the pool thread is still
-// inside the work function, its stack pointer at or below the one at the
-// entry and the return address there unchanged. Once the function returns,
-// libuv's worker loop calls its lock and condition-variable functions from
-// the same frame, which overwrites that slot.
-
-struct pool_item_key {
-	__u32 tgid;
-	__u32 reserved;
-	__u64 work;               // the uv__work the item was queued as
-};
-
-struct queued_span {
-	__u64 work;               // the key's address again, checked after a copy
-	__u32 schema;             // enum schema of the record
-	__u32 state;              // running_state (pool thread storage only)
-	// Pool thread storage only: the stack pointer at the work function's
-	// entry, and the return address it points at (into libuv's worker).
-	__u64 entry_sp;
-	__u64 return_address;
-	__u8 record[ABI_RECORD_SIZE];
-};
-
-// Work items queued in a span, until a pool thread picks them up.
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct pool_item_key);
-	__type(value, struct queued_span);
-} pool_items SEC(".maps");
-
-// Per thread: a pool thread's running item (state RUNNING_WITH_SPAN), or a
-// submitter's staging space (uprobe programs may be preempted, so a per-CPU
-// buffer could be shared by two of them; a thread's own storage cannot).
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct queued_span);
-} thread_span SEC(".maps");
-
-enum running_state { IDLE = 0, WRITING = 1, RUNNING_WITH_SPAN = 2 };
-
-struct pt_regs___pool {
-	unsigned long sp;
-} __attribute__((preserve_access_index));
-
-// Copies a pool thread's queued span into its sample while the thread is
-// inside the work item. The storage is only written by the thread itself
-// (in its probe), and samples of a thread are taken on that thread (a
-// perf-event interrupt) or at its switch-out (its memory still current):
-// a sample that interrupts the probe mid-write sees WRITING, and drops it.
-static __always_inline void take_pool_span(struct task_struct *pool_task, struct sample *s)
-{
-	struct queued_span *q = bpf_task_storage_get(&thread_span, pool_task, 0, 0);
-	if (!q || q->state != RUNNING_WITH_SPAN)
-		return;
-	struct pt_regs___pool *regs = (void *)bpf_task_pt_regs(pool_task);
-	if (!regs)
-		return;
-	__u64 sp = BPF_CORE_READ(regs, sp), slot = 0;
-	if (sp > q->entry_sp || bpf_probe_read_user(&slot, sizeof(slot), (void *)q->entry_sp) ||
-	    slot != q->return_address)
-		return;
-	if (bpf_probe_read_kernel(s->record, sizeof(s->record), q->record))
-		return;
-	s->schema = q->schema;
-	s->record_status = RECORD_READ;
-	s->flags = SAMPLE_THREADPOOL;
-}
-
-static __always_inline void fill(void *ctx, struct sample *s, const struct target *t,
-				 struct task_struct *task, struct task_struct *pool_task, __u32 kind)
-{
-	s->kind = kind;
-	s->tid = BPF_CORE_READ(task, pid);
-	s->tgid = BPF_CORE_READ(task, tgid);
-	s->time_ns = bpf_ktime_get_ns();
-	s->off_cpu_ns = 0;
-	BPF_CORE_READ_STR_INTO(&s->comm, task, comm);
-	s->record_status = read_span(t, task, s->record, &s->schema);
-	s->flags = 0;
-	if (!has_span(s->record_status, s->record) && pool_task)
-		take_pool_span(pool_task, s);
-	s->user_stack_bytes = bpf_get_stack(ctx, s->user_stack, sizeof(s->user_stack), BPF_F_USER_STACK);
-	s->kernel_stack_bytes = bpf_get_stack(ctx, s->kernel_stack, sizeof(s->kernel_stack), 0);
 }
 
 // --- User stack copies, for unwinding in userspace ---------------------
@@ -595,9 +633,12 @@ static __always_inline void copy_by_page(__u8 *dst, __u64 src, __u64 len)
 // kernel: the interrupt of an on-CPU tick, the system call of a wait) and
 // its stack from sp, and sends them. `task` must be current or, at
 // sched_switch, the task switching out (whose mm is still the current one).
-// Returns the copy's id, or 0 when nothing was sent.
-static __always_inline __u64 send_user_stack(struct task_struct *task)
+// Returns the copy's id, or 0 when nothing was sent; `*copied` is the copy
+// (valid until the next sample on this CPU), or NULL.
+static __always_inline __u64 send_user_stack(struct task_struct *task,
+					     struct user_stack_copy **copied)
 {
+	*copied = NULL;
 	__u32 cpu = bpf_get_smp_processor_id();
 	struct user_stack_copy *c = bpf_map_lookup_elem(&stack_scratch, &cpu);
 	if (!c)
@@ -624,6 +665,7 @@ static __always_inline __u64 send_user_stack(struct task_struct *task)
 	if (bpf_probe_read_user(c->stack, len, (void *)c->sp))
 		copy_by_page(c->stack, c->sp, len);
 	c->bytes = len;
+	*copied = c;
 	__u64 size = USER_STACK_COPY_HEADER + len;
 	if (size > sizeof(*c))
 		return 0;
@@ -634,6 +676,376 @@ static __always_inline __u64 send_user_stack(struct task_struct *task)
 	return c->id;
 }
 
+// --- libuv threadpool ---------------------------------------------------
+//
+// libuv queues every threadpool item through uv__work_submit(loop, w, kind,
+// work, done) on the submitting (JS) thread (node's build inlines it into
+// uv_queue_work, probed as well); a pool thread later calls work(w). The
+// submit probe copies the submitter's span (read as a sample reads it) into
+// pool_items under {tgid, w}; the probe where libuv's worker loop starts
+// the item (or, where that site is not found, the entry probe of the work
+// functions) moves it to the pool thread's own storage. A sample of a pool
+// thread without a span of its own, taken inside the item, then carries the
+// queued span, marked SAMPLE_THREADPOOL.
+//
+// Never a wrong span: a submit without a span deletes any entry left under
+// the same address (a cancelled item's, since libuv reuses requests); an
+// item whose entry was evicted runs without a span. pool_items is an LRU
+// table, so items that never run (cancelled) cannot fill it for good; the
+// per-thread state lives in task storage, freed with the thread (a process
+// that exits mid-item leaves nothing behind).
+//
+// The end of an item needs no probe of its own (a return probe would cost
+// a third trap per item): a sample checks that the pool thread is still
+// inside the work function, its stack pointer at or below the one at the
+// entry and the return address there unchanged. Once the function returns,
+// libuv's worker loop calls its lock and condition-variable functions from
+// the same frame, which overwrites that slot.
+
+struct pool_item_key {
+	__u32 tgid;
+	__u32 reserved;
+	__u64 work;               // the uv__work the item was queued as
+};
+
+struct queued_span {
+	__u64 work;               // the key's address again, checked after a copy
+	__u32 schema;             // enum schema of the record
+	__u32 state;              // running_state (pool thread storage only)
+	// Pool thread storage only: the stack pointer at the work function's
+	// entry, and the return address it points at (into libuv's worker).
+	__u64 entry_sp;
+	__u64 return_address;
+	__u8 record[ABI_RECORD_SIZE];
+};
+
+// Work items queued in a span, until a pool thread picks them up.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct pool_item_key);
+	__type(value, struct queued_span);
+} pool_items SEC(".maps");
+
+// Per thread: a pool thread's running item (state RUNNING_WITH_SPAN), or a
+// submitter's staging space (uprobe programs may be preempted, so a per-CPU
+// buffer could be shared by two of them; a thread's own storage cannot).
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct queued_span);
+} thread_span SEC(".maps");
+
+enum running_state { IDLE = 0, WRITING = 1, RUNNING_WITH_SPAN = 2 };
+
+struct pt_regs___pool {
+	unsigned long sp;
+} __attribute__((preserve_access_index));
+
+// --- The running item, found at sample time (no probe) ----------------
+//
+// Where the target publishes the Node.js schema, nothing runs per item: a
+// sample of a pool thread finds the item the thread is running and reads
+// the span from the request itself. Node keeps the AsyncContextFrame that
+// was current when a request was made (AsyncWrap: in an internal field of
+// its JS object; AsyncResource, which N-API's async work is: in a global
+// handle), the same frame the request's callback runs in; the walk of the
+// isolate's blocks (one of which owns the frame's key) then gives its span.
+//
+// The item: while w->work(w) runs, the stack slot just below libuv's worker
+// frame holds the call's return address, and the worker keeps w (plus a
+// displacement) in a callee-saved register, which is either still in that
+// register or saved by a callee on the stack between the slot and the
+// stack pointer. Every candidate is checked against the item's own state:
+// a running item's queue link points at itself (libuv unlinks it before
+// the call and relinks it after) and its work function is libuv's.
+
+// The callee-saved registers, where a pool thread keeps its item.
+struct pt_regs___item {
+	unsigned long bx;
+	unsigned long bp;
+	unsigned long r12;
+	unsigned long r13;
+	unsigned long r14;
+	unsigned long r15;
+	unsigned long sp;
+	unsigned long ip;
+} __attribute__((preserve_access_index));
+
+#define POOL_MAX_CANDIDATES 32
+
+// The words of the thread's stack copy, searched by bpf_loop callbacks.
+struct item_search {
+	__u64 return_address;
+	__s64 displacement;
+	__u64 wq_offset;
+	__u64 work[4];            // the work functions
+	__u64 stack_low, stack_high; // the copied range: not heap addresses
+	__u32 words;              // words in the copy
+	__u32 slot;               // the return address's word; `words`: not found
+	__u32 probes;             // candidates read so far
+	__u32 reserved;
+	__u64 item;               // the item found, 0 until then
+};
+
+static __always_inline const __u64 *copy_words(void)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct user_stack_copy *c = bpf_map_lookup_elem(&stack_scratch, &cpu);
+	return c ? (const __u64 *)c->stack : NULL;
+}
+
+static long find_return_slot(__u64 index, struct item_search *search)
+{
+	const __u64 *words = copy_words();
+	if (!words || index >= search->words)
+		return 1;
+	if (words[index & (USER_STACK_COPY_BYTES / 8 - 1)] != search->return_address)
+		return 0;
+	search->slot = index;
+	return 1;
+}
+
+// Whether `value` (a register's, as the worker loop holds it) is the item
+// this thread runs; then search->item is set.
+static __always_inline bool running_item(struct item_search *search, __u64 value)
+{
+	if (value < 0x10000 || value >= 0x800000000000ULL || (value & 7) ||
+	    (value >= search->stack_low && value < search->stack_high))
+		return false;
+	search->probes++;
+	__u64 w = value + search->displacement;
+	__u64 link[2] = {};
+	__u64 work = 0;
+	if (bpf_probe_read_user(link, sizeof(link), (void *)(w + search->wq_offset)) ||
+	    link[0] != w + search->wq_offset || link[1] != link[0] || read_word(&work, w))
+		return false;
+	if (work != search->work[0] && work != search->work[1] && work != search->work[2] &&
+	    work != search->work[3])
+		return false;
+	search->item = w;
+	return true;
+}
+
+// From the slot down to the stack pointer: the callees' saved registers
+// nearest the slot first (the work function's own pushes).
+static long find_saved_item(__u64 index, struct item_search *search)
+{
+	if (index >= search->slot || search->probes >= POOL_MAX_CANDIDATES)
+		return 1;
+	const __u64 *words = copy_words();
+	if (!words)
+		return 1;
+	__u64 at = (search->slot - 1 - index) & (USER_STACK_COPY_BYTES / 8 - 1);
+	return running_item(search, words[at]) ? 1 : 0;
+}
+
+// The item the pool thread runs, or 0.
+static __always_inline __u64 find_running_item(const struct pool_plan *plan,
+					       struct task_struct *task,
+					       const struct user_stack_copy *copy)
+{
+	struct item_search search = {
+		.return_address = plan->return_address,
+		.displacement = plan->item_displacement,
+		.wq_offset = plan->wq_offset,
+		.work = { plan->fs_work, plan->getaddrinfo_work, plan->getnameinfo_work,
+			  plan->queue_work },
+		.stack_low = copy->sp,
+		.stack_high = copy->sp + (__u64)copy->bytes,
+		.words = (__u32)copy->bytes / 8,
+	};
+	search.slot = search.words;
+	bpf_loop(USER_STACK_COPY_BYTES / 8, find_return_slot, &search, 0);
+	if (search.slot >= search.words)
+		return 0;
+	struct pt_regs___item *regs = (void *)bpf_task_pt_regs(task);
+	if (!regs)
+		return 0;
+	__u64 saved[6] = {
+		BPF_CORE_READ(regs, bx),  BPF_CORE_READ(regs, bp),  BPF_CORE_READ(regs, r12),
+		BPF_CORE_READ(regs, r13), BPF_CORE_READ(regs, r14), BPF_CORE_READ(regs, r15),
+	};
+	// No callee saved the register: it still holds the item.
+	if (running_item(&search, saved[plan->item_register < 6 ? plan->item_register : 5]))
+		return search.item;
+	bpf_loop(USER_STACK_COPY_BYTES / 8, find_saved_item, &search, 0);
+	return search.item;
+}
+
+// The object behind a running item: its address, whether it is N-API's
+// async work (an AsyncResource) rather than an AsyncWrap, and its async id
+// (unique for the process's life: the key of its span between GC pauses).
+// Only C++ memory is read here, which V8's GC never moves.
+struct item_resource {
+	__u64 object;
+	__u64 async_id;
+	bool napi;
+};
+
+static __always_inline bool item_resource(const struct pool_plan *plan, __u64 w,
+					  struct item_resource *r)
+{
+	__u64 work = 0;
+	r->napi = false;
+	if (read_word(&work, w))
+		return false;
+	if (work == plan->fs_work) {
+		if (read_word(&r->object, w - plan->fs_work_offset))
+			return false;
+	} else if (work == plan->getaddrinfo_work || work == plan->getnameinfo_work) {
+		if (read_word(&r->object, w - plan->addrinfo_work_offset))
+			return false;
+	} else {
+		// uv_queue_work: only node's ThreadPoolWork (crypto, zlib, N-API, ...)
+		// says where its object starts, through the vtable's offset to top.
+		__u64 req = w - plan->queue_work_offset, callback = 0, vptr = 0, object_vptr = 0;
+		__s64 to_top = 0;
+		if (!plan->thread_pool_work_cb || read_word(&callback, req + plan->work_cb_offset) ||
+		    callback != plan->thread_pool_work_cb)
+			return false;
+		__u64 base = req - plan->thread_pool_work_offset;
+		if (read_word(&vptr, base) || read_word((__u64 *)&to_top, vptr - 16) || to_top > 0 ||
+		    to_top < -4096 || (to_top & 7))
+			return false;
+		r->object = base + to_top;
+		r->napi = plan->napi_work_vptr && !read_word(&object_vptr, r->object) &&
+			  object_vptr == plan->napi_work_vptr;
+	}
+	if (!r->object)
+		return false;
+	return !read_word(&r->async_id, r->object + (r->napi ? plan->async_resource_id_offset :
+								plan->async_wrap_id_offset));
+}
+
+// The AsyncContextFrame (tagged) the resource was made in, or 0. Reads V8's
+// heap: only while no isolate of the process moves objects.
+static __always_inline __u64 item_frame(const struct pool_plan *plan, const struct item_resource *r)
+{
+	__u64 handle = 0, object = 0, frame = 0;
+	if (r->napi) {
+		if (read_word(&handle, r->object + plan->async_resource_frame_offset) || !handle ||
+		    read_word(&frame, handle))
+			return 0;
+		return frame;
+	}
+	if (read_word(&handle, r->object + plan->async_wrap_object_offset) || !handle ||
+	    read_word(&object, handle) || !is_heap_object(object) ||
+	    read_word(&frame, object - 1 + plan->object_frame_offset))
+		return 0;
+	return frame;
+}
+
+// Whether isolate `i`'s gate is open: it is alive and not in a moving GC.
+static __always_inline bool gate_open(const struct isolate_blocks *known, int i)
+{
+	__u64 gate = 0;
+	return !read_word(&gate, known->variable[i] + ABI_NODE_OFFSET_CPED_SLOT) && gate;
+}
+
+// The span of the item a pool thread runs, into the sample; whether found.
+static __always_inline bool read_running_item(const struct target *t, struct task_struct *task,
+					      const struct user_stack_copy *copy, struct sample *s)
+{
+	if (!t->pool.return_address || !copy)
+		return false;
+	__u64 id = copy->id;
+	__u64 w = find_running_item(&t->pool, task, copy);
+	// The copy is per CPU: a sample that interrupted this one may have
+	// replaced it while it was searched.
+	struct item_resource resource = {};
+	if (!w || copy->id != id || !item_resource(&t->pool, w, &resource))
+		return false;
+	s->pool_item = w;
+	s->pool_async_id = resource.async_id;
+	__u32 tgid = s->tgid;
+	const struct isolate_blocks *known = bpf_map_lookup_elem(&isolates, &tgid);
+	if (!known) {
+		s->flags |= SAMPLE_POOL_UNREAD;
+		return false;
+	}
+	// The frame is read only when an isolate's gate is open, and walked
+	// with that isolate's block: an item of an isolate in a moving GC (or
+	// of one that exited) finds no key of an open one in its frame.
+	// A walk that reaches the writer's entry (or finds the frame empty) is
+	// an answer; one that finds no key of an open isolate is not.
+	__u64 frame = 0;
+	__u32 status = NODE_STORE_ABSENT;
+	for (int i = 0; i < MAX_ISOLATES; i++) {
+		const __u64 *block = known->block[i];
+		if (!block[ABI_NODE_OFFSET_ALS_HANDLE / 8] || !gate_open(known, i))
+			continue;
+		if (!frame)
+			frame = item_frame(&t->pool, &resource);
+		if (!frame)
+			break;
+		s->record[ABI_OFFSET_VALID] = 0;
+		status = walk_frame(t, block, frame, s->record);
+		if (status == RECORD_READ || status == NODE_STORE_UNDEFINED || status == NODE_NO_FRAME)
+			break;
+	}
+	if (!has_span(status, s->record)) {
+		if (status != RECORD_READ && status != NODE_STORE_UNDEFINED && status != NODE_NO_FRAME)
+			s->flags |= SAMPLE_POOL_UNREAD;
+		return false;
+	}
+	s->schema = SCHEMA_NODEJS;
+	s->record_status = RECORD_READ;
+	s->flags = SAMPLE_THREADPOOL;
+	return true;
+}
+
+// Copies a pool thread's queued span into its sample while the thread is
+// inside the work item. The storage is only written by the thread itself
+// (in its probe), and samples of a thread are taken on that thread (a
+// perf-event interrupt) or at its switch-out (its memory still current):
+// a sample that interrupts the probe mid-write sees WRITING, and drops it.
+static __always_inline void take_pool_span(struct task_struct *pool_task, struct sample *s)
+{
+	struct queued_span *q = bpf_task_storage_get(&thread_span, pool_task, 0, 0);
+	if (!q || q->state != RUNNING_WITH_SPAN)
+		return;
+	struct pt_regs___pool *regs = (void *)bpf_task_pt_regs(pool_task);
+	if (!regs)
+		return;
+	__u64 sp = BPF_CORE_READ(regs, sp), slot = 0;
+	if (sp > q->entry_sp || bpf_probe_read_user(&slot, sizeof(slot), (void *)q->entry_sp) ||
+	    slot != q->return_address)
+		return;
+	if (bpf_probe_read_kernel(s->record, sizeof(s->record), q->record))
+		return;
+	s->schema = q->schema;
+	s->record_status = RECORD_READ;
+	s->flags = SAMPLE_THREADPOOL;
+}
+
+static __always_inline void fill(void *ctx, struct sample *s, const struct target *t,
+				 struct task_struct *task, struct task_struct *pool_task,
+				 const struct user_stack_copy *copy, __u32 kind)
+{
+	s->kind = kind;
+	s->tid = BPF_CORE_READ(task, pid);
+	s->tgid = BPF_CORE_READ(task, tgid);
+	s->time_ns = bpf_ktime_get_ns();
+	s->off_cpu_ns = 0;
+	BPF_CORE_READ_STR_INTO(&s->comm, task, comm);
+	s->record_status = read_span(t, task, s->record, &s->schema);
+	s->flags = 0;
+	s->pool_item = 0;
+	s->pool_async_id = 0;
+	// A thread that publishes no block of its own may be a pool thread.
+	if (!has_span(s->record_status, s->record) && pool_task) {
+		__u32 status = s->record_status;
+		bool unpublished = status == NODE_NOT_PUBLISHED || status == RECORD_NULL ||
+				   status == RECORD_NO_TLS_BLOCK;
+		if (!unpublished || !read_running_item(t, pool_task, copy, s))
+			take_pool_span(pool_task, s);
+	}
+	s->user_stack_bytes = bpf_get_stack(ctx, s->user_stack, sizeof(s->user_stack), BPF_F_USER_STACK);
+	s->kernel_stack_bytes = bpf_get_stack(ctx, s->kernel_stack, sizeof(s->kernel_stack), 0);
+}
+
 SEC("perf_event")
 int on_cpu(void *ctx)
 {
@@ -642,14 +1054,15 @@ int on_cpu(void *ctx)
 	if (!t)
 		return 0;
 	// The copy goes first: the ring keeps records in reservation order.
-	__u64 copy_id = send_user_stack((struct task_struct *)bpf_get_current_task_btf());
+	struct user_stack_copy *copy;
+	__u64 copy_id = send_user_stack((struct task_struct *)bpf_get_current_task_btf(), &copy);
 	struct sample *s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
 	if (!s) {
 		count(LOST_RING_FULL);
 		return 0;
 	}
 	struct task_struct *current = bpf_get_current_task_btf();
-	fill(ctx, s, t, (struct task_struct *)bpf_get_current_task(), current, KIND_CPU);
+	fill(ctx, s, t, (struct task_struct *)bpf_get_current_task(), current, copy, KIND_CPU);
 	s->user_stack_copy_id = copy_id;
 	bpf_ringbuf_submit(s, 0);
 	return 0;
@@ -674,13 +1087,19 @@ int BPF_PROG(off_cpu, bool preempt, struct task_struct *prev, struct task_struct
 	if (t && !still_runnable(prev)) {
 		struct sample *s = bpf_map_lookup_elem(&scratch, &zero);
 		if (s) {
-			fill(ctx, s, t, prev, prev, KIND_OFF_CPU);
-			s->user_stack_copy_id = send_user_stack(prev);
+			struct user_stack_copy *copy;
+			__u64 copy_id = send_user_stack(prev, &copy);
+			fill(ctx, s, t, prev, prev, copy, KIND_OFF_CPU);
+			s->user_stack_copy_id = copy_id;
 			__u32 tid = s->tid;
 			if (bpf_map_update_elem(&blocked, &tid, s, BPF_ANY))
 				count(LOST_BLOCKED_FULL);
 		}
 	}
+	// Switched out, waiting or preempted: its memory is still the current
+	// one (not so for `next`, whose mm is not yet switched in).
+	if (t)
+		check_isolate(t, prev);
 	__u32 next_tgid = BPF_CORE_READ(next, tgid);
 	if (bpf_map_lookup_elem(&targets, &next_tgid)) {
 		__u32 tid = BPF_CORE_READ(next, pid);
@@ -830,16 +1249,6 @@ int pool_work_enter(struct pt_regs___args *regs)
 // it, and how far past this call w->work's return address is. A direct
 // call is emulated by the kernel (no single step), and one probe here
 // replaces the entry probes of every work function.
-struct pt_regs___item {
-	unsigned long bx;
-	unsigned long bp;
-	unsigned long r12;
-	unsigned long r13;
-	unsigned long r14;
-	unsigned long r15;
-	unsigned long sp;
-	unsigned long ip;
-} __attribute__((preserve_access_index));
 
 // Each register is loaded at its fixed context offset (the verifier refuses
 // a context load at a computed one), then chosen.

@@ -118,6 +118,12 @@ enum Command {
         /// work) to the span that queued it (on by default when node's libuv symbols are found).
         #[arg(long)]
         no_threadpool: bool,
+        /// Experimental, where the target publishes the Node.js schema: no threadpool
+        /// probes; a pool thread's sample reads the span of the request it runs (the
+        /// context the request was made in). Samples taken while a moving GC hides it
+        /// take it from another sample of the same request, else carry none.
+        #[arg(long, conflicts_with = "no_threadpool")]
+        threadpool_at_sample_time: bool,
     },
     /// Continuous profiling of every process on the host that publishes a
     /// thread context (or the ones named): one OTLP export every interval,
@@ -289,6 +295,7 @@ fn main() -> ExitCode {
             otlp_endpoint,
             max_traces,
             no_threadpool,
+            threadpool_at_sample_time,
         } => {
             let opts = profile::Options {
                 pid,
@@ -301,6 +308,7 @@ fn main() -> ExitCode {
                 otlp_endpoint,
                 max_traces,
                 threadpool: !no_threadpool,
+                threadpool_at_sample_time,
             };
             match profile::run(&opts) {
                 Err(e) => {

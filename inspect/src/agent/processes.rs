@@ -63,7 +63,7 @@ pub enum Change {
     Added(Box<Found>),
     /// Read this process with a new plan (it loaded a writer, or published
     /// its V8 layout, since it was added).
-    Updated(TargetPlan),
+    Updated(Box<TargetPlan>),
     /// The process exited (or its pid now names another process).
     Gone(i32),
 }
@@ -106,7 +106,7 @@ impl Watcher {
                     alive.insert(pid);
                     if let Some(newer) = self.recheck(pid, plan) {
                         self.tracked.insert(pid, (start, newer));
-                        changes.push(Change::Updated(newer));
+                        changes.push(Change::Updated(Box::new(newer)));
                     }
                     continue;
                 }

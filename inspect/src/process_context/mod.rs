@@ -334,6 +334,12 @@ impl Lookup {
             _ => DEFAULT_LAYOUT,
         }
     }
+
+    /// Whether the process says it publishes the Node.js schema.
+    pub fn publishes_nodejs_schema(&self) -> bool {
+        matches!(self, Lookup::Found(d)
+            if d.schema_version.as_deref() == Some(node_schema::SCHEMA_VERSION))
+    }
 }
 
 #[cfg(test)]

@@ -32,7 +32,9 @@ mod layout {
     pub const USER_STACK: usize = SCHEMA + 8;
     pub const KERNEL_STACK: usize = USER_STACK + 8 * super::MAX_FRAMES;
     pub const USER_STACK_COPY_ID: usize = KERNEL_STACK + 8 * super::MAX_FRAMES;
-    pub const SIZE: usize = USER_STACK_COPY_ID + 8;
+    pub const POOL_ITEM: usize = USER_STACK_COPY_ID + 8;
+    pub const POOL_ASYNC_ID: usize = POOL_ITEM + 8;
+    pub const SIZE: usize = POOL_ASYNC_ID + 8;
 }
 
 /// Bytes of user stack the program copies at most (its
@@ -54,6 +56,10 @@ mod copy_layout {
 /// `flags` bit of a sample taken on a pool thread running a work item:
 /// its record is the span of the thread that queued the item.
 const FLAG_THREADPOOL: u32 = 1;
+
+/// `flags` bit of a pool thread's sample whose running item was found at
+/// sample time but whose span could not be read then (a moving GC).
+const FLAG_POOL_UNREAD: u32 = 2;
 
 /// The `kind` of a user stack copy record.
 const KIND_USER_STACK: u32 = 2;
@@ -114,6 +120,12 @@ pub struct Sample {
     /// A libuv pool thread running a work item: `record` is the span of
     /// the thread that queued the item, as read when it queued it.
     pub threadpool: bool,
+    /// A pool thread's running item as read at sample time: the work item's
+    /// address and its resource's async id, which name one request for the
+    /// process's life.
+    pub pool_item: Option<(u64, u64)>,
+    /// That item's span could not be read at this sample.
+    pub pool_unread: bool,
     /// The user stack, leaf first: the instruction pointer, then return
     /// addresses. As decoded: the kernel's frame-pointer walk.
     pub user_stack: Vec<u64>,
@@ -263,6 +275,12 @@ pub fn decode(b: &[u8]) -> Option<Sample> {
         schema,
         record,
         threadpool: u32_at(b, layout::FLAGS) & FLAG_THREADPOOL != 0,
+        pool_item: Some((
+            u64_at(b, layout::POOL_ITEM),
+            u64_at(b, layout::POOL_ASYNC_ID),
+        ))
+        .filter(|&(item, _)| item != 0),
+        pool_unread: u32_at(b, layout::FLAGS) & FLAG_POOL_UNREAD != 0,
         user_stack: stack(
             b,
             layout::USER_STACK,
@@ -291,6 +309,76 @@ pub struct TargetPlan {
     pub nodejs: [TlsPlan; MAX_MODULES],
     pub dtv_pointer_offset: u64,
     pub layout: V8Layout,
+    /// How a pool thread's running item is found at sample time; all zero
+    /// (the default) leaves pool threads to the probes, if any.
+    pub pool: RunningItemPlan,
+}
+
+/// `struct pool_plan`: where a pool thread's running item and its request's
+/// context frame are, for reading them at sample time (absolute addresses
+/// in the target, and the layouts in between). Built by
+/// [`crate::profile::threadpool::running_item_plan`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunningItemPlan {
+    /// Where `w->work(w)` returns in libuv's worker loop; 0: off.
+    pub return_address: u64,
+    /// The work functions: a running item's `w->work` is one of them.
+    pub fs_work: u64,
+    pub getaddrinfo_work: u64,
+    pub getnameinfo_work: u64,
+    pub queue_work: u64,
+    /// Node's `ThreadPoolWork` callback; 0: `uv_queue_work` items unread.
+    pub thread_pool_work_cb: u64,
+    /// The vtable pointer of N-API's async work objects; 0: none.
+    pub napi_work_vptr: u64,
+    /// What to add to the worker loop's register to get the item.
+    pub item_displacement: i64,
+    pub wq_offset: u64,
+    pub fs_work_offset: u64,
+    pub addrinfo_work_offset: u64,
+    pub queue_work_offset: u64,
+    pub work_cb_offset: u64,
+    pub thread_pool_work_offset: u64,
+    pub async_wrap_object_offset: u64,
+    pub object_frame_offset: u64,
+    pub async_resource_frame_offset: u64,
+    pub async_wrap_id_offset: u64,
+    pub async_resource_id_offset: u64,
+    /// The worker loop's register, as numbered for the item-start probe.
+    pub item_register: u32,
+}
+
+/// Bytes of `struct pool_plan`.
+const POOL_PLAN_SIZE: usize = 19 * 8 + 8;
+
+impl RunningItemPlan {
+    fn encode(&self, put: &mut impl FnMut(&[u8])) {
+        for word in [
+            self.return_address,
+            self.fs_work,
+            self.getaddrinfo_work,
+            self.getnameinfo_work,
+            self.queue_work,
+            self.thread_pool_work_cb,
+            self.napi_work_vptr,
+            self.item_displacement as u64,
+            self.wq_offset,
+            self.fs_work_offset,
+            self.addrinfo_work_offset,
+            self.queue_work_offset,
+            self.work_cb_offset,
+            self.thread_pool_work_offset,
+            self.async_wrap_object_offset,
+            self.object_frame_offset,
+            self.async_resource_frame_offset,
+            self.async_wrap_id_offset,
+            self.async_resource_id_offset,
+        ] {
+            put(&word.to_ne_bytes());
+        }
+        put(&self.item_register.to_ne_bytes());
+        put(&0u32.to_ne_bytes());
+    }
 }
 
 /// `struct tls_plan`: where one schema's variable is from a thread pointer.
@@ -336,8 +424,8 @@ impl TlsPlan {
 const TLS_PLAN_SIZE: usize = 32;
 
 /// Bytes of `struct target`: the record's plan, the Node.js modules' plans,
-/// the DTV pointer's offset and four words of V8 layout.
-pub const TARGET_SIZE: usize = TLS_PLAN_SIZE * (1 + MAX_MODULES) + 8 + 4 * 8;
+/// the DTV pointer's offset, four words of V8 layout and the pool plan.
+pub const TARGET_SIZE: usize = TLS_PLAN_SIZE * (1 + MAX_MODULES) + 8 + 4 * 8 + POOL_PLAN_SIZE;
 
 impl TargetPlan {
     pub fn new(
@@ -359,6 +447,7 @@ impl TargetPlan {
             nodejs,
             dtv_pointer_offset,
             layout,
+            pool: RunningItemPlan::default(),
         }
     }
 
@@ -383,6 +472,7 @@ impl TargetPlan {
         put(&self.layout.tagged_size.to_ne_bytes());
         put(&self.layout.js_map_table_offset.to_ne_bytes());
         put(&self.layout.ordered_hash_map_header_size.to_ne_bytes());
+        self.pool.encode(&mut put);
         out
     }
 }
@@ -703,7 +793,7 @@ mod tests {
     fn layout_matches_the_c_struct() {
         // struct sample: 56 bytes of fields, the 640-byte record, the
         // schema and the flags, two stacks, the copy's id.
-        assert_eq!(SAMPLE_SIZE, 56 + 640 + 8 + 2 * 8 * 127 + 8);
+        assert_eq!(SAMPLE_SIZE, 56 + 640 + 8 + 2 * 8 * 127 + 8 + 16);
         assert_eq!(SAMPLE_SIZE % 8, 0);
     }
 
@@ -899,6 +989,8 @@ mod tests {
             u64_at(&b, tail + 32),
             DEFAULT_LAYOUT.ordered_hash_map_header_size
         );
-        assert_eq!(TARGET_SIZE, tail + 40);
+        // Then the pool plan: off by default.
+        assert!(b[tail + 40..].iter().all(|&byte| byte == 0));
+        assert_eq!(TARGET_SIZE, tail + 40 + POOL_PLAN_SIZE);
     }
 }

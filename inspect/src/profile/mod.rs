@@ -95,6 +95,9 @@ pub struct Options {
     pub max_traces: usize,
     /// Attribute libuv threadpool work to the span that queued it.
     pub threadpool: bool,
+    /// Read a pool thread's running item at sample time instead of probing
+    /// (the Node.js schema only; experimental).
+    pub threadpool_at_sample_time: bool,
 }
 
 /// What the command prints when it is done.
@@ -182,7 +185,7 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
         return Err(ProfileError::Unprivileged.into());
     }
     let target = Target::open(opts.pid)?;
-    let (plan, mut lines) = target_plan(opts.pid, &target);
+    let (mut plan, mut lines) = target_plan(opts.pid, &target);
     let pool = if opts.threadpool {
         threadpool::find(opts.pid, &target.maps)
             .map_err(|why| lines.push(format!("threadpool: not attributed: {why}")))
@@ -191,7 +194,44 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
         lines.push("threadpool: not attributed (--no-threadpool)".into());
         None
     };
+    let pool = match pool {
+        Some(p) if opts.threadpool_at_sample_time => {
+            read_pool_at_sample_time(&target, &p, &mut plan, &mut lines).then_some(p)
+        }
+        other => other,
+    };
     sample(opts, target, plan, pool, lines)
+}
+
+/// Where the target publishes the Node.js schema, a pool thread's samples
+/// read the span of the request it runs, and no probe is attached: returns
+/// whether the probes are still needed (the record schema, or a module
+/// without the worker loop's item start).
+fn read_pool_at_sample_time(
+    target: &Target,
+    probes: &threadpool::Probes,
+    plan: &mut kernel::TargetPlan,
+    lines: &mut Vec<String>,
+) -> bool {
+    if !crate::process_context::lookup(&target.maps, &target.memory).publishes_nodejs_schema() {
+        lines.push(
+            "threadpool: read at sample time needs the Node.js schema; probing instead".into(),
+        );
+        return true;
+    }
+    let Some(running) = threadpool::running_item_plan(probes, &target.maps) else {
+        lines.push(format!(
+            "threadpool: {} lacks the worker loop's item start or a work function; probing instead",
+            probes.module
+        ));
+        return true;
+    };
+    plan.pool = running;
+    lines.push(format!(
+        "threadpool: pool threads' samples carry the span of the request they run, read at sample time (no probes; {})",
+        probes.module
+    ));
+    false
 }
 
 /// How the BPF program reads `pid`'s thread context, and what the summary
@@ -354,6 +394,8 @@ fn sample(
     let (resource, key_map) = context;
     let (on_cpu_stacks, off_cpu_stacks) = stacks.wholeness();
     let names = collector.finish();
+    let unread = samples.iter().filter(|s| s.pool_unread).count();
+    let filled = threadpool::fill_from_same_item(&mut samples);
     let between_items = threadpool::clear_between_items(&mut samples, &names);
     let base = model::Profile {
         pid,
@@ -406,6 +448,12 @@ fn sample(
         if opts.off_cpu.is_some() { format!(", {:.3} s off CPU", profile.off_cpu_ns() as f64 / 1e9) } else { String::new() },
         truncated_stacks(&on_cpu_stacks, opts.off_cpu.is_some().then_some(&off_cpu_stacks)),
     ));
+    if plan.pool.return_address != 0 {
+        lines.push(format!(
+            "threadpool: {} samples of pool threads carry the span of the request they run ({filled} of the {unread} taken while a GC kept it unreadable took it from another sample of the same item)",
+            samples.iter().filter(|s| s.threadpool).count()
+        ));
+    }
     if pool.is_some() {
         let pool_samples = samples.iter().filter(|s| s.threadpool).count();
         lines.push(format!(

@@ -344,6 +344,8 @@ pub mod tests {
             schema: crate::schema::Schema::Record,
             record,
             threadpool: false,
+            pool_item: None,
+            pool_unread: false,
             user_stack: user.to_vec(),
             kernel_stack: if kind == Kind::OffCpu {
                 vec![

@@ -19,7 +19,7 @@ use object::Endianness;
 
 use crate::elf::MappedFile;
 use crate::maps::Mapping;
-use crate::profile::kernel::{RecordRead, Sample};
+use crate::profile::kernel::{RecordRead, RunningItemPlan, Sample};
 use crate::profile::model::lookup_address;
 use crate::profile::symbolize::Names;
 
@@ -49,6 +49,57 @@ pub const WORK_FUNCTIONS: [&str; 4] = [
 
 /// libuv's pool thread loop, which calls each item's work function.
 pub const WORKER_LOOP: &str = "worker";
+
+/// Where a running item's span is read at sample time (frame mode): the
+/// libuv and Node layouts between a `struct uv__work` and the
+/// AsyncContextFrame its request was made in. libuv's are its 1.x ABI on
+/// 64-bit Unix (`uv.h` in Node's `include/node/`); Node's are those of
+/// Node 24 and 26 (their `node.h`, and the objects the sample-time test
+/// reads on both).
+pub mod layout {
+    /// `struct uv__work`: the queue link, which points at itself while the
+    /// item runs.
+    pub const WQ: u64 = 24;
+    /// `uv_fs_t`: its `struct uv__work`.
+    pub const FS_WORK_REQ: u64 = 336;
+    /// `uv_getaddrinfo_t` and `uv_getnameinfo_t`: theirs.
+    pub const ADDRINFO_WORK_REQ: u64 = 72;
+    /// `uv_work_t`: its `work_cb`.
+    pub const WORK_CB: u64 = 72;
+    /// `node::ThreadPoolWork`: its `uv_work_t`, after the vtable pointer
+    /// and the environment.
+    pub const THREAD_POOL_WORK_REQ: u64 = 16;
+    /// `node::BaseObject` (every `AsyncWrap`): the global handle of its JS
+    /// object, after the vtable pointer.
+    pub const ASYNC_WRAP_OBJECT: u64 = 8;
+    /// That JS object (untagged): internal field 2, where `AsyncWrap`
+    /// keeps the context frame of its creation (map, properties, elements,
+    /// the C++ heap wrappable, then 8-byte internal fields).
+    pub const OBJECT_FRAME: u64 = 0x20 + 2 * 8;
+    /// `node::AsyncResource`: `context_frame_`, a global handle, after the
+    /// vtable pointer, the environment and the resource's handle.
+    pub const ASYNC_RESOURCE_FRAME: u64 = 24;
+    /// `node::AsyncWrap`: `async_id_`, after the `BaseObject`, its list
+    /// node and the provider.
+    pub const ASYNC_WRAP_ID: u64 = 0x38;
+    /// `node::AsyncResource`: `async_context_.async_id`, after
+    /// `context_frame_`.
+    pub const ASYNC_RESOURCE_ID: u64 = 32;
+}
+
+/// The callback node's `ThreadPoolWork` queues every item with (crypto,
+/// zlib, N-API async work, ...): a lambda whose name depends on the
+/// compiler (GCC's `_FUN`, Clang's `__invoke`).
+const THREAD_POOL_WORK_CB_PREFIX: &str =
+    "_ZZN4node14ThreadPoolWork12ScheduleWorkEvENUlP9uv_work_sE_";
+const THREAD_POOL_WORK_CB_SUFFIXES: [&str; 2] = ["4_FUNES2_", "8__invokeES2_"];
+
+/// The vtable of N-API's async work (`uvimpl::Work`, an `AsyncResource`).
+const NAPI_WORK_VTABLE: &str = "_ZTVN12_GLOBAL__N_16uvimpl4WorkE";
+
+/// Bytes from a vtable's symbol to where objects point (past the offset to
+/// top and the type info).
+const VTABLE_ADDRESS_POINT: u64 = 16;
 
 /// The registers a compiler may keep the worker loop's item in across a
 /// call (the callee-saved ones), in the order the BPF program numbers them.
@@ -247,6 +298,39 @@ pub fn clear_between_items(samples: &mut [Sample], names: &Names) -> usize {
     cleared
 }
 
+/// Gives each pool sample whose item's span could not be read at sample
+/// time (its isolate was in a moving GC) the span that another sample of
+/// the same item carries: the item's address with its resource's async id
+/// names one request for the process's life, and a request keeps the
+/// context it was made in. Returns how many samples it filled.
+pub fn fill_from_same_item(samples: &mut [Sample]) -> usize {
+    let read: std::collections::HashMap<(u32, u64, u64), (RecordRead, crate::schema::Schema)> =
+        samples
+            .iter()
+            .filter(|s| s.threadpool)
+            .filter_map(|s| {
+                let (item, id) = s.pool_item?;
+                Some(((s.tgid, item, id), (s.record.clone(), s.schema)))
+            })
+            .collect();
+    let mut filled = 0;
+    for s in samples
+        .iter_mut()
+        .filter(|s| s.pool_unread && !s.threadpool)
+    {
+        let Some((item, id)) = s.pool_item else {
+            continue;
+        };
+        if let Some((record, schema)) = read.get(&(s.tgid, item, id)) {
+            s.record = record.clone();
+            s.schema = *schema;
+            s.threadpool = true;
+            filled += 1;
+        }
+    }
+    filled
+}
+
 /// A probe site where work is queued: the function, its file offset, and
 /// what to add to its second argument to get the `struct uv__work *`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -277,6 +361,10 @@ pub struct Sites {
     pub item_start: Option<ItemStart>,
     /// The work functions found, with their file offsets.
     pub work: Vec<(&'static str, u64)>,
+    /// File offset of node's `ThreadPoolWork` callback, if found.
+    pub thread_pool_work_cb: Option<u64>,
+    /// File offset of N-API's async work vtable, if found.
+    pub napi_work_vtable: Option<u64>,
 }
 
 /// The probe sites in one ELF image: where work is queued (each probe on
@@ -307,10 +395,11 @@ pub fn sites(data: &[u8]) -> Result<Option<Sites>, object::read::Error> {
     let mut submitters: Vec<Submitter> = Vec::new();
     let mut work = Vec::new();
     let mut item_start = None;
+    let (mut thread_pool_work_cb, mut napi_work_vtable) = (None, None);
     for table in [file.elf_symbol_table(), file.elf_dynamic_symbol_table()] {
         let strings = table.strings();
         for sym in table.symbols() {
-            if sym.st_type() != elf::STT_FUNC || sym.st_shndx(endian) == elf::SHN_UNDEF {
+            if sym.st_shndx(endian) == elf::SHN_UNDEF {
                 continue;
             }
             let Ok(name) = sym.name(endian, strings) else {
@@ -320,6 +409,17 @@ pub fn sites(data: &[u8]) -> Result<Option<Sites>, object::read::Error> {
             let Some(offset) = file_offset(vaddr) else {
                 continue;
             };
+            if sym.st_type() == elf::STT_OBJECT && name == NAPI_WORK_VTABLE.as_bytes() {
+                napi_work_vtable = Some(offset);
+                continue;
+            }
+            if sym.st_type() != elf::STT_FUNC {
+                continue;
+            }
+            if is_thread_pool_work_cb(name) {
+                thread_pool_work_cb = Some(offset);
+                continue;
+            }
             let submitter = match name {
                 n if n == SUBMIT.as_bytes() => Some((SUBMIT, 0)),
                 n if n == QUEUE_WORK.as_bytes() => Some((QUEUE_WORK, WORK_REQ_OFFSET)),
@@ -358,7 +458,68 @@ pub fn sites(data: &[u8]) -> Result<Option<Sites>, object::read::Error> {
         submitters,
         item_start,
         work,
+        thread_pool_work_cb,
+        napi_work_vtable,
     }))
+}
+
+fn is_thread_pool_work_cb(name: &[u8]) -> bool {
+    name.strip_prefix(THREAD_POOL_WORK_CB_PREFIX.as_bytes())
+        .is_some_and(|rest| {
+            THREAD_POOL_WORK_CB_SUFFIXES
+                .iter()
+                .any(|s| rest == s.as_bytes())
+        })
+}
+
+/// Where `pid` maps `offset` of `module`, if it does.
+fn runtime_address(maps: &[Mapping], module: &str, offset: u64) -> Option<u64> {
+    maps.iter()
+        .find(|m| m.name() == module && offset >= m.offset && offset - m.offset < m.len())
+        .map(|m| m.start + (offset - m.offset))
+}
+
+/// The plan for reading a pool thread's running item at sample time, when
+/// the module offers the worker loop's item start and the work functions
+/// (`uv_queue_work` items need node's `ThreadPoolWork` callback as well).
+pub fn running_item_plan(probes: &Probes, maps: &[Mapping]) -> Option<RunningItemPlan> {
+    let sites = &probes.sites;
+    let start = sites.item_start?;
+    let at = |offset: u64| runtime_address(maps, &probes.module, offset);
+    let work = |name: &str| {
+        sites
+            .work
+            .iter()
+            .find(|&&(n, _)| n == name)
+            .and_then(|&(_, offset)| at(offset))
+            .unwrap_or(0)
+    };
+    let plan = RunningItemPlan {
+        return_address: at(start.offset + u64::from(start.return_distance))?,
+        fs_work: work(WORK_FUNCTIONS[0]),
+        queue_work: work(WORK_FUNCTIONS[1]),
+        getaddrinfo_work: work(WORK_FUNCTIONS[2]),
+        getnameinfo_work: work(WORK_FUNCTIONS[3]),
+        thread_pool_work_cb: sites.thread_pool_work_cb.and_then(at).unwrap_or(0),
+        napi_work_vptr: sites
+            .napi_work_vtable
+            .and_then(|vtable| at(vtable + VTABLE_ADDRESS_POINT))
+            .unwrap_or(0),
+        item_displacement: i64::from(start.displacement),
+        item_register: u32::from(start.register),
+        wq_offset: layout::WQ,
+        fs_work_offset: layout::FS_WORK_REQ,
+        addrinfo_work_offset: layout::ADDRINFO_WORK_REQ,
+        queue_work_offset: WORK_REQ_OFFSET,
+        work_cb_offset: layout::WORK_CB,
+        thread_pool_work_offset: layout::THREAD_POOL_WORK_REQ,
+        async_wrap_object_offset: layout::ASYNC_WRAP_OBJECT,
+        object_frame_offset: layout::OBJECT_FRAME,
+        async_resource_frame_offset: layout::ASYNC_RESOURCE_FRAME,
+        async_wrap_id_offset: layout::ASYNC_WRAP_ID,
+        async_resource_id_offset: layout::ASYNC_RESOURCE_ID,
+    };
+    (plan.fs_work != 0 && plan.queue_work != 0).then_some(plan)
 }
 
 /// The modules of `pid` that may hold libuv: its executable, then any
@@ -459,6 +620,34 @@ mod tests {
     }
 
     #[test]
+    fn a_sample_unread_in_a_gc_takes_the_span_of_its_items_other_samples() {
+        let read = |item, id| {
+            let mut s = sample(Kind::OnCpu, 3, record(7, &[]), &[0x50], 0);
+            s.threadpool = true;
+            s.pool_item = Some((item, id));
+            s
+        };
+        let unread = |item, id| {
+            let mut s = sample(Kind::OnCpu, 4, RecordRead::Null, &[0x50], 0);
+            s.pool_item = Some((item, id));
+            s.pool_unread = true;
+            s
+        };
+        // Same item and async id: filled. The same address reused by
+        // another request (another async id), or no other sample: not.
+        let mut samples = [
+            unread(0x1000, 5),
+            read(0x1000, 5),
+            unread(0x1000, 6),
+            unread(0x2000, 5),
+        ];
+        assert_eq!(fill_from_same_item(&mut samples), 1);
+        assert!(samples[0].threadpool && samples[0].record == samples[1].record);
+        assert!(!samples[2].threadpool && samples[2].record == RecordRead::Null);
+        assert!(!samples[3].threadpool);
+    }
+
+    #[test]
     fn pool_samples_taken_while_the_worker_loop_waits_lose_their_queued_span() {
         let mut n = names();
         let f = |name: &str| Frame {
@@ -525,6 +714,7 @@ mod tests {
             submitters,
             item_start,
             work,
+            ..
         } = sites(&data).unwrap().expect("uv__work_submit found");
         // No `worker` here, and `ud2` is not emulated: probes at offset 0.
         assert_eq!(item_start, None);
@@ -578,6 +768,7 @@ mod tests {
             submitters,
             item_start,
             work,
+            ..
         }) = sites(mapped.bytes()).unwrap()
         {
             // libuv's worker loop calls `w->work(w)` right after unlocking.
