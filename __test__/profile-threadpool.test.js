@@ -52,8 +52,8 @@ async function startService(addon) {
     env: { ...process.env, UV_THREADPOOL_SIZE: String(POOL_SIZE) },
   });
   const lines = jsonLines(child.stdout, { timeoutMs: 120000 });
-  const { pid } = await lines.next('the service line');
-  return { child, lines, pid };
+  const { pid, mode } = await lines.next('the service line');
+  return { child, lines, pid, mode };
 }
 
 function profile(pid, args) {
@@ -104,27 +104,53 @@ function tally() {
   return t;
 }
 
-function assertAccurate(name, t, minimum, diagnostic) {
+function assertAccurate(name, t, minimum, diagnostic, share = 0.99) {
   const total = t.total();
   diagnostic(`${name}: ${t.right}/${total} pool samples inside items carry the queuing span, ${t.wrong} a wrong one, ${t.missing} none`);
   assert.ok(total >= minimum, `${name}: only ${total} pool samples inside items (expected at least ${minimum})`);
-  assert.ok(t.right / total >= 0.99, `${name}: ${t.right}/${total} pool samples carry the queuing span (missing ${t.missing}, wrong ${t.wrong})`);
+  assert.ok(t.right / total >= share, `${name}: ${t.right}/${total} pool samples carry the queuing span (missing ${t.missing}, wrong ${t.wrong})`);
   assert.ok(t.wrong / total <= 0.005, `${name}: ${t.wrong}/${total} pool samples carry a wrong span: ${JSON.stringify(t.wrongExamples)}`);
 }
 
-test('threadpool work carries the span that queued it', { skip: skip ?? false, timeout: 240000 }, async (t) => {
+test('threadpool work carries the span that queued it', { skip: skip ?? false, timeout: 240000 }, (t) =>
+  checkAttribution(t, { atSampleTime: false }),
+);
+
+// Experimental, frame mode only: no probes; a pool thread's sample reads
+// the span of the request it runs. A sample taken while a moving GC of the
+// request's isolate hides it takes it from another sample of the same
+// item, else carries none: short items that start during the GC burst the
+// addon case triggers, and the FIFO reads (one off-CPU sample each), can
+// miss it. Never a wrong span; pbkdf2 and gzip held to 99 %.
+test('--threadpool-at-sample-time reads the running request\'s span (frame mode)', { skip: skip ?? false, timeout: 240000 }, (t) =>
+  checkAttribution(t, { atSampleTime: true }),
+);
+
+async function checkAttribution(t, { atSampleTime }) {
   const addon = buildAddon();
   const service = await startService(addon);
   t.after(() => service.child.kill('SIGKILL'));
+  if (atSampleTime && service.mode !== 'frame') {
+    t.skip(`the service publishes in ${service.mode} mode`);
+    return;
+  }
+  const share = (kind) => (!atSampleTime ? 0.99 : { addon: 0.95, fifo: 0 }[kind] ?? 0.99);
   const out = path.join(tmp, 'pool.jsonl');
-  const run = profile(service.pid, ['--hz', String(HZ), '--off-cpu', '--format', 'jsonl', '-o', out]);
+  const extra = atSampleTime ? ['--threadpool-at-sample-time'] : [];
+  const run = profile(service.pid, ['--hz', String(HZ), '--off-cpu', '--format', 'jsonl', ...extra, '-o', out]);
   await attached();
   service.child.stdin.write('go\n');
   const items = await itemsUntilDone(service.lines);
   run.child.kill('SIGINT');
   const { code, stderr } = await run.done;
   assert.strictEqual(code, 0, stderr);
-  assert.match(stderr, /threadpool: work queued through libuv's pool follows its span/);
+  assert.match(
+    stderr,
+    atSampleTime
+      ? /threadpool: pool threads' samples carry the span of the request they run, read at sample time \(no probes/
+      : /threadpool: work queued through libuv's pool follows its span/,
+  );
+  for (const line of stderr.match(/^threadpool: \d+ .*$/gm) ?? []) t.diagnostic(line);
   const samples = readJsonl(out);
   const addonItems = items.filter((i) => i.type === 'item');
   assert.ok(addonItems.length >= 8 * 6 + 4 * 6 + 2, `addon items: ${addonItems.length}`);
@@ -143,14 +169,19 @@ test('threadpool work carries the span that queued it', { skip: skip ?? false, t
   // from the main thread and a worker, finishing out of order.
   const exact = tally();
   const unattributed = tally();
+  // A request read at sample time keeps the context it was made in (where
+  // its callback runs): the addon item made outside any span and queued
+  // again in '/after-cancel' runs without a span there; the probes give it
+  // the span that queued it.
+  const expected = (item) => (atSampleTime && item.source === 'after-cancel' ? null : item.spanId);
   for (const item of addonItems) {
     for (const s of poolSamples) {
       if (s.tid !== item.tid || s.t_ns < item.start || s.t_ns > item.end) continue;
-      if (item.spanId === null) unattributed.add(s, null);
-      else exact.add(s, item.spanId);
+      if (expected(item) === null) unattributed.add(s, null);
+      else exact.add(s, expected(item));
     }
   }
-  assertAccurate('addon items', exact, 100, (m) => t.diagnostic(m));
+  assertAccurate('addon items', exact, 100, (m) => t.diagnostic(m), share('addon'));
   const fromWorker = addonItems.filter((i) => i.source === 'worker').map((i) => i.spanId);
   assert.ok(
     poolSamples.some((s) => fromWorker.includes(s.span_id)),
@@ -182,7 +213,7 @@ test('threadpool work carries the span that queued it', { skip: skip ?? false, t
       if (!pick(s) || s.t_ns < from || s.t_ns > to) continue;
       score.add(s, new Set(flights.filter((f) => f.queued <= s.t_ns && s.t_ns <= f.finished).map((f) => f.spanId)));
     }
-    assertAccurate(kind, score, minimum, (m) => t.diagnostic(m));
+    assertAccurate(kind, score, minimum, (m) => t.diagnostic(m), share(kind));
   }
 
   // Between items a pool thread waits for work (futex): no span. (Inside
@@ -199,10 +230,12 @@ test('threadpool work carries the span that queued it', { skip: skip ?? false, t
   const idleWithSpan = idle.filter((s) => s.valid);
   assert.strictEqual(idleWithSpan.length, 0, JSON.stringify(idleWithSpan.slice(0, 3)));
   t.diagnostic(`between items: ${idle.length} pool-thread waits for work, ${idleWithSpan.length} with a span`);
-  const summary = stderr.match(/threadpool: (\d+) work items queued in a span, (\d+) begun on a pool thread with it; (\d+) samples/);
+  const summary = atSampleTime
+    ? stderr.match(/threadpool: ()()(\d+) samples of pool threads carry the span of the request they run/)
+    : stderr.match(/threadpool: (\d+) work items queued in a span, (\d+) begun on a pool thread with it; (\d+) samples/);
   assert.ok(summary, stderr);
   assert.strictEqual(Number(summary[3]), marked.length);
-});
+}
 
 test('pprof and folded outputs mark pool samples; --no-threadpool turns it off', { skip: skip ?? false, timeout: 240000 }, async (t) => {
   const addon = buildAddon();
