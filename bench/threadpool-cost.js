@@ -5,8 +5,11 @@
 // target's CPU (all threads, process.cpuUsage) for the same work
 //   - unprofiled,
 //   - under `profile --no-threadpool` (the samplers only),
-//   - under `profile` (samplers and threadpool probes);
-// the difference of the last two, per call, is the probes' cost. The
+//   - under `profile` (samplers and threadpool probes),
+//   - under `profile --threadpool-at-sample-time` where the target is in
+//     frame mode (no probes: a pool thread's sample reads its request);
+// the difference of the probes' run and the samplers', per call, is the
+// probes' cost. The
 // workloads: a burst of fs.stat calls (16 in flight), a burst of 1-iteration
 // crypto.pbkdf2 calls, and a service paced at --rate fs calls per second
 // (default 10,000) for --seconds, whose CPU ratio profiled/unprofiled is the
@@ -112,7 +115,10 @@ async function once(opts, kind, profiler) {
   // The probes' programs run about once per call each; the samplers' far
   // less often.
   const probeNs = (await programs).filter((p) => p.runs >= calls / 2).reduce((t, p) => t + p.runTimeNs, 0);
-  if (profiler && !profiler.includes('--no-threadpool') && !/threadpool: work queued/.test(summary)) {
+  if (profiler?.includes('--threadpool-at-sample-time') && !/read at sample time \(no probes/.test(summary)) {
+    throw new Error(`the pool was not read at sample time:\n${summary}`);
+  }
+  if (profiler && profiler.length === 0 && !/threadpool: work queued/.test(summary)) {
     throw new Error(`the threadpool probes were not attached:\n${summary}`);
   }
   return { cpuUs, calls, probeNs };
@@ -128,6 +134,8 @@ async function main() {
     return;
   }
   const setups = { unprofiled: null, samplers: ['--no-threadpool'], threadpool: [] };
+  // The workload publishes in frame mode where the running Node has it.
+  if (Number(process.versions.node.split('.')[0]) >= 24) setups.sampleTime = ['--threadpool-at-sample-time'];
   const statsOn = enableBpfStats();
   const probeRun = {}; // the probes' BPF run time per call, ns
   const results = {};
@@ -145,15 +153,19 @@ async function main() {
   }
   const m = (kind, name) => median(results[kind][name]) * 1000; // ns per call
   console.log(`Node ${process.version}, ${opts.hz} Hz, median of ${opts.rounds} rounds (target CPU per call, all threads):`);
+  const atSampleTime = (kind) =>
+    setups.sampleTime ? `; read at sample time ${m(kind, 'sampleTime').toFixed(0)} ns (${(m(kind, 'sampleTime') - m(kind, 'samplers')).toFixed(0)} ns over the samplers)` : '';
   for (const kind of ['fs', 'pbkdf2']) {
     console.log(
       `  ${kind}: unprofiled ${m(kind, 'unprofiled').toFixed(0)} ns, samplers only ${m(kind, 'samplers').toFixed(0)} ns, with threadpool probes ${m(kind, 'threadpool').toFixed(0)} ns: the probes add ${(m(kind, 'threadpool') - m(kind, 'samplers')).toFixed(0)} ns per call` +
-        (probeRun[kind] ? `; their BPF programs ran ${median(probeRun[kind]).toFixed(0)} ns per call (kernel counters)` : ''),
+        (probeRun[kind] ? `; their BPF programs ran ${median(probeRun[kind]).toFixed(0)} ns per call (kernel counters)` : '') +
+        atSampleTime(kind),
     );
   }
   const s = (name) => m('service', name);
   console.log(
     `  service at ${opts.rate} fs calls/s for ${opts.seconds} s: CPU ratio vs unprofiled ${(s('samplers') / s('unprofiled')).toFixed(3)} samplers only, ${(s('threadpool') / s('unprofiled')).toFixed(3)} with threadpool probes` +
+      (setups.sampleTime ? `, ${(s('sampleTime') / s('unprofiled')).toFixed(3)} read at sample time` : '') +
       (probeRun.service ? `; the probes' BPF programs ran ${median(probeRun.service).toFixed(0)} ns per call` : ''),
   );
 }
