@@ -73,9 +73,11 @@ pub mod layout {
     /// object, after the vtable pointer.
     pub const ASYNC_WRAP_OBJECT: u64 = 8;
     /// That JS object (untagged): internal field 2, where `AsyncWrap`
-    /// keeps the context frame of its creation (map, properties, elements,
-    /// the C++ heap wrappable, then 8-byte internal fields).
-    pub const OBJECT_FRAME: u64 = 0x20 + 2 * 8;
+    /// keeps the context frame of its creation; field 0 is where the
+    /// Node.js schema's default wrapper holds its record, and fields are
+    /// 8 bytes apart.
+    pub const OBJECT_FRAME: u64 =
+        otel_thread_ctx_abi::node_schema::DEFAULT_LAYOUT.js_object_record_offset + 2 * 8;
     /// `node::AsyncResource`: `context_frame_`, a global handle, after the
     /// vtable pointer, the environment and the resource's handle.
     pub const ASYNC_RESOURCE_FRAME: u64 = 24;
@@ -617,6 +619,12 @@ mod tests {
         assert!(!between_items(&stack(&["futex_wait", "uv_cond_wait"])));
         // An unnamed callee (JIT code, a stripped library) proves nothing.
         assert!(!between_items(&[None, Some("worker")]));
+    }
+
+    #[test]
+    fn an_async_wraps_frame_is_its_objects_internal_field_2() {
+        // Found in node 24 and 26's AsyncWrap::AsyncReset.
+        assert_eq!(layout::OBJECT_FRAME, 0x30);
     }
 
     #[test]
