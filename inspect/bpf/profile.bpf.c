@@ -807,6 +807,20 @@ static long find_return_slot(__u64 index, struct item_search *search)
 	return 1;
 }
 
+// Whether `w` is an item a pool thread runs: its queue link points at
+// itself (libuv unlinks and resets it before the call, and links it into
+// the loop's done queue after) and its work function is one of libuv's.
+static __always_inline bool item_running(__u64 w, __u64 wq_offset, const __u64 *work_functions)
+{
+	__u64 link[2] = {};
+	__u64 work = 0;
+	if (bpf_probe_read_user(link, sizeof(link), (void *)(w + wq_offset)) ||
+	    link[0] != w + wq_offset || link[1] != link[0] || read_word(&work, w))
+		return false;
+	return work == work_functions[0] || work == work_functions[1] ||
+	       work == work_functions[2] || work == work_functions[3];
+}
+
 // Whether `value` (a register's, as the worker loop holds it) is the item
 // this thread runs; then search->item is set.
 static __always_inline bool running_item(struct item_search *search, __u64 value)
@@ -816,13 +830,7 @@ static __always_inline bool running_item(struct item_search *search, __u64 value
 		return false;
 	search->probes++;
 	__u64 w = value + search->displacement;
-	__u64 link[2] = {};
-	__u64 work = 0;
-	if (bpf_probe_read_user(link, sizeof(link), (void *)(w + search->wq_offset)) ||
-	    link[0] != w + search->wq_offset || link[1] != link[0] || read_word(&work, w))
-		return false;
-	if (work != search->work[0] && work != search->work[1] && work != search->work[2] &&
-	    work != search->work[3])
+	if (!item_running(w, search->wq_offset, search->work))
 		return false;
 	search->item = w;
 	return true;
@@ -944,6 +952,167 @@ static __always_inline bool gate_open(const struct isolate_blocks *known, int i)
 	return !read_word(&gate, known->variable[i] + ABI_NODE_OFFSET_CPED_SLOT) && gate;
 }
 
+enum item_span_read { ITEM_SPAN, ITEM_NO_SPAN, ITEM_UNREAD };
+
+// The span of the request `resource` into `record`: ITEM_SPAN, or
+// ITEM_NO_SPAN when it was made outside any span, or ITEM_UNREAD when no
+// open isolate could tell. The frame is read only when an isolate's gate
+// is open, and walked with that isolate's block: an item of an isolate in
+// a moving GC (or of one that exited) finds no key of an open one in its
+// frame. A walk that reaches the writer's entry (or finds the frame empty)
+// is an answer; one that finds no key of an open isolate is not.
+static __always_inline int item_span(const struct target *t, const struct isolate_blocks *known,
+				     const struct item_resource *resource, __u8 *record)
+{
+	__u64 frame = 0;
+	__u32 status = NODE_STORE_ABSENT;
+	for (int i = 0; i < MAX_ISOLATES; i++) {
+		const __u64 *block = known->block[i];
+		if (!block[ABI_NODE_OFFSET_ALS_HANDLE / 8] || !gate_open(known, i))
+			continue;
+		if (!frame)
+			frame = item_frame(&t->pool, resource);
+		if (!frame)
+			break;
+		record[ABI_OFFSET_VALID] = 0;
+		status = walk_frame(t, block, frame, record);
+		if (status == RECORD_READ || status == NODE_STORE_UNDEFINED || status == NODE_NO_FRAME)
+			break;
+	}
+	if (has_span(status, record))
+		return ITEM_SPAN;
+	if (status == RECORD_READ || status == NODE_STORE_UNDEFINED || status == NODE_NO_FRAME)
+		return ITEM_NO_SPAN;
+	return ITEM_UNREAD;
+}
+
+// --- Items read again after a GC ---------------------------------------
+//
+// A pool sample taken while the isolates' gates are closed cannot read its
+// item's frame. The item waits here, per process, and is read again at the
+// process's next sample or switch-out (where its memory is the current
+// one) for as long as a pool thread still runs it: the same item (running,
+// as above) with the same request (its resource's async id, unique for the
+// process's life), checked before and after the read, so a request that
+// completed meanwhile is never read. Userspace gives the span found to the
+// samples of that item. Userspace creates and deletes each process's entry.
+#define PENDING_ITEMS 8
+// Retries of one item at most this often: one whose isolate is not known
+// yet stays unreadable until its block is learned or the item ends.
+#define PENDING_RETRY_NS (500 * 1000ULL)
+
+struct pending_items {
+	__u64 item[PENDING_ITEMS];
+	__u64 async_id[PENDING_ITEMS];
+	__u64 tried[PENDING_ITEMS];
+	__u32 next;
+	__u32 reserved;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct pending_items);
+} unread_items SEC(".maps");
+
+enum { KIND_ITEM_READ = 3 };
+
+// The span of an item read after its samples (a ring-buffer record).
+struct item_read {
+	__u32 kind;               // KIND_ITEM_READ
+	__u32 tgid;
+	__u64 item;
+	__u64 async_id;
+	__u8 record[ABI_RECORD_SIZE];
+};
+
+static __always_inline void keep_unread(__u32 tgid, __u64 w, __u64 async_id)
+{
+	struct pending_items *p = bpf_map_lookup_elem(&unread_items, &tgid);
+	if (!p)
+		return;
+	for (int i = 0; i < PENDING_ITEMS; i++)
+		if (p->item[i] == w && p->async_id[i] == async_id)
+			return;
+	// Two CPUs may store at once: a slot whose item and async id disagree
+	// names no running request, and is dropped at its first read.
+	__u32 at = p->next % PENDING_ITEMS;
+	p->next = at + 1;
+	p->item[at] = 0;
+	p->async_id[at] = async_id;
+	p->tried[at] = bpf_ktime_get_ns();
+	p->item[at] = w;
+}
+
+// Whether item `w` still runs the request whose async id is `async_id`;
+// then `r` is its resource.
+static __always_inline bool same_request(const struct pool_plan *plan, __u64 w, __u64 async_id,
+					 struct item_resource *r)
+{
+	__u64 work[4] = { plan->fs_work, plan->getaddrinfo_work, plan->getnameinfo_work,
+			  plan->queue_work };
+	return item_running(w, plan->wq_offset, work) && item_resource(plan, w, r) &&
+	       r->async_id == async_id;
+}
+
+static long read_pending_item(__u64 index, __u32 *tgid)
+{
+	const struct target *t = bpf_map_lookup_elem(&targets, tgid);
+	struct pending_items *p = bpf_map_lookup_elem(&unread_items, tgid);
+	const struct isolate_blocks *known = bpf_map_lookup_elem(&isolates, tgid);
+	if (!t || !p || !known || index >= PENDING_ITEMS)
+		return 1;
+	__u32 at = index & (PENDING_ITEMS - 1);
+	__u64 w = p->item[at], async_id = p->async_id[at], now = bpf_ktime_get_ns();
+	if (!w || now - p->tried[at] < PENDING_RETRY_NS)
+		return 0;
+	p->tried[at] = now;
+	struct item_resource resource = {};
+	if (!same_request(&t->pool, w, async_id, &resource)) {
+		p->item[at] = 0;
+		return 0;
+	}
+	struct item_read *out = bpf_ringbuf_reserve(&samples, sizeof(*out), 0);
+	if (!out)
+		return 1;
+	int found = item_span(t, known, &resource, out->record);
+	if (found == ITEM_UNREAD) {
+		bpf_ringbuf_discard(out, 0);
+		return 0;
+	}
+	p->item[at] = 0;
+	// The request still runs after the walk: it ran all along, and its
+	// frame (set when it was made) was the one read.
+	struct item_resource again = {};
+	if (found != ITEM_SPAN || !same_request(&t->pool, w, async_id, &again)) {
+		bpf_ringbuf_discard(out, 0);
+		return 0;
+	}
+	out->kind = KIND_ITEM_READ;
+	out->tgid = *tgid;
+	out->item = w;
+	out->async_id = async_id;
+	bpf_ringbuf_submit(out, 0);
+	return 0;
+}
+
+// Reads the process's waiting items again; called where its memory is the
+// current one.
+static __always_inline void read_pending(const struct target *t, __u32 tgid)
+{
+	if (!t->pool.return_address)
+		return;
+	const struct pending_items *p = bpf_map_lookup_elem(&unread_items, &tgid);
+	if (!p)
+		return;
+	__u64 any = 0;
+	for (int i = 0; i < PENDING_ITEMS; i++)
+		any |= p->item[i];
+	if (any)
+		bpf_loop(PENDING_ITEMS, read_pending_item, &tgid, 0);
+}
+
 // The span of the item a pool thread runs, into the sample; whether found.
 static __always_inline bool read_running_item(const struct target *t, struct task_struct *task,
 					      const struct user_stack_copy *copy, struct sample *s)
@@ -961,35 +1130,13 @@ static __always_inline bool read_running_item(const struct target *t, struct tas
 	s->pool_async_id = resource.async_id;
 	__u32 tgid = s->tgid;
 	const struct isolate_blocks *known = bpf_map_lookup_elem(&isolates, &tgid);
-	if (!known) {
+	int found = known ? item_span(t, known, &resource, s->record) : ITEM_UNREAD;
+	if (found == ITEM_UNREAD) {
 		s->flags |= SAMPLE_POOL_UNREAD;
+		keep_unread(tgid, w, resource.async_id);
+	}
+	if (found != ITEM_SPAN)
 		return false;
-	}
-	// The frame is read only when an isolate's gate is open, and walked
-	// with that isolate's block: an item of an isolate in a moving GC (or
-	// of one that exited) finds no key of an open one in its frame.
-	// A walk that reaches the writer's entry (or finds the frame empty) is
-	// an answer; one that finds no key of an open isolate is not.
-	__u64 frame = 0;
-	__u32 status = NODE_STORE_ABSENT;
-	for (int i = 0; i < MAX_ISOLATES; i++) {
-		const __u64 *block = known->block[i];
-		if (!block[ABI_NODE_OFFSET_ALS_HANDLE / 8] || !gate_open(known, i))
-			continue;
-		if (!frame)
-			frame = item_frame(&t->pool, &resource);
-		if (!frame)
-			break;
-		s->record[ABI_OFFSET_VALID] = 0;
-		status = walk_frame(t, block, frame, s->record);
-		if (status == RECORD_READ || status == NODE_STORE_UNDEFINED || status == NODE_NO_FRAME)
-			break;
-	}
-	if (!has_span(status, s->record)) {
-		if (status != RECORD_READ && status != NODE_STORE_UNDEFINED && status != NODE_NO_FRAME)
-			s->flags |= SAMPLE_POOL_UNREAD;
-		return false;
-	}
 	s->schema = SCHEMA_NODEJS;
 	s->record_status = RECORD_READ;
 	s->flags = SAMPLE_THREADPOOL;
@@ -1065,6 +1212,7 @@ int on_cpu(void *ctx)
 	fill(ctx, s, t, (struct task_struct *)bpf_get_current_task(), current, copy, KIND_CPU);
 	s->user_stack_copy_id = copy_id;
 	bpf_ringbuf_submit(s, 0);
+	read_pending(t, tgid);
 	return 0;
 }
 
@@ -1098,8 +1246,10 @@ int BPF_PROG(off_cpu, bool preempt, struct task_struct *prev, struct task_struct
 	}
 	// Switched out, waiting or preempted: its memory is still the current
 	// one (not so for `next`, whose mm is not yet switched in).
-	if (t)
+	if (t) {
 		check_isolate(t, prev);
+		read_pending(t, prev_tgid);
+	}
 	__u32 next_tgid = BPF_CORE_READ(next, tgid);
 	if (bpf_map_lookup_elem(&targets, &next_tgid)) {
 		__u32 tid = BPF_CORE_READ(next, pid);

@@ -53,6 +53,25 @@ mod copy_layout {
     pub const STACK: usize = 48;
 }
 
+/// Size of `struct isolate_blocks` in profile.bpf.c: a process's Node.js
+/// blocks (`MAX_ISOLATES`), where each is, and a cursor.
+const ISOLATES_SIZE: usize = 8 * otel_thread_ctx_abi::node_schema::SIZE + 8 * 8 + 8;
+
+/// Size of `struct pending_items` in profile.bpf.c: a process's items
+/// waiting to be read again (`PENDING_ITEMS`), three words each, and a
+/// cursor.
+const PENDING_ITEMS_SIZE: usize = 3 * 8 * 8 + 8;
+
+/// Offsets of `struct item_read` in profile.bpf.c.
+mod item_read_layout {
+    pub const KIND: usize = 0;
+    pub const TGID: usize = 4;
+    pub const ITEM: usize = 8;
+    pub const ASYNC_ID: usize = 16;
+    pub const RECORD: usize = 24;
+    pub const SIZE: usize = RECORD + super::RECORD_SIZE;
+}
+
 /// `flags` bit of a sample taken on a pool thread running a work item:
 /// its record is the span of the thread that queued the item.
 const FLAG_THREADPOOL: u32 = 1;
@@ -63,6 +82,9 @@ const FLAG_POOL_UNREAD: u32 = 2;
 
 /// The `kind` of a user stack copy record.
 const KIND_USER_STACK: u32 = 2;
+
+/// The `kind` of an item read record.
+const KIND_ITEM_READ: u32 = 3;
 
 /// Size in bytes of one sample from the program.
 pub const SAMPLE_SIZE: usize = layout::SIZE;
@@ -148,11 +170,23 @@ pub struct StackCopy {
     pub stack: Vec<u8>,
 }
 
+/// The span of a pool item read after samples of it could not read it
+/// (a moving GC closed every gate then): the samples with the same
+/// `(tgid, item, async_id)` carry it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ItemRead {
+    pub tgid: u32,
+    pub item: u64,
+    pub async_id: u64,
+    pub record: RecordRead,
+}
+
 /// One ring-buffer record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Item {
     Sample(Sample, u64),
     StackCopy(StackCopy),
+    ItemRead(ItemRead),
 }
 
 fn u32_at(b: &[u8], o: usize) -> u32 {
@@ -192,13 +226,42 @@ fn decode_copy(b: &[u8]) -> Option<StackCopy> {
 }
 
 /// Decodes one ring-buffer record: a sample (with the id of its stack
-/// copy, 0 for none) or a stack copy; `None` when it is neither.
+/// copy, 0 for none), a stack copy or an item read; `None` when it is
+/// none of them.
 pub fn decode_item(b: &[u8]) -> Option<Item> {
     if b.len() >= 4 && u32_at(b, 0) == KIND_USER_STACK {
         return decode_copy(b).map(Item::StackCopy);
     }
+    if b.len() >= 4 && u32_at(b, 0) == KIND_ITEM_READ {
+        return decode_item_read(b).map(Item::ItemRead);
+    }
     let sample = decode(b)?;
     Some(Item::Sample(sample, u64_at(b, layout::USER_STACK_COPY_ID)))
+}
+
+/// Decodes an item read record; `None` when it is not a whole one.
+fn decode_item_read(b: &[u8]) -> Option<ItemRead> {
+    if b.len() < item_read_layout::SIZE || u32_at(b, item_read_layout::KIND) != KIND_ITEM_READ {
+        return None;
+    }
+    Some(ItemRead {
+        tgid: u32_at(b, item_read_layout::TGID),
+        item: u64_at(b, item_read_layout::ITEM),
+        async_id: u64_at(b, item_read_layout::ASYNC_ID),
+        record: read_record_bytes(&b[item_read_layout::RECORD..][..RECORD_SIZE]),
+    })
+}
+
+/// A record as the program copied it: its header, and attrs_data when valid.
+fn read_record_bytes(bytes: &[u8]) -> RecordRead {
+    let header = Header::parse(bytes[..HEADER_SIZE].try_into().unwrap());
+    let attrs_data = if header.is_valid() {
+        let n = (header.attrs_data_size as usize).min(record::MAX_ATTRS_DATA);
+        bytes[HEADER_SIZE..HEADER_SIZE + n].to_vec()
+    } else {
+        Vec::new()
+    };
+    RecordRead::Record { header, attrs_data }
 }
 
 /// Joins samples to their stack copies, which arrive first (on CPU just
@@ -217,6 +280,8 @@ impl Pairing {
                 self.waiting.insert(c.tid, c);
                 None
             }
+            // Not part of a sample: [`Loaded::poll`] keeps them apart.
+            Item::ItemRead(_) => None,
             Item::Sample(mut s, copy_id) => {
                 if copy_id != 0 {
                     if let Some(c) = self.waiting.remove(&s.tid) {
@@ -244,17 +309,7 @@ pub fn decode(b: &[u8]) -> Option<Sample> {
     let comm = &b[layout::COMM..layout::COMM + 16];
     let comm_len = comm.iter().position(|&c| c == 0).unwrap_or(16);
     let record = match u32_at(b, layout::RECORD_STATUS) {
-        0 => {
-            let bytes = &b[layout::RECORD..layout::RECORD + RECORD_SIZE];
-            let header = Header::parse(bytes[..HEADER_SIZE].try_into().unwrap());
-            let attrs_data = if header.is_valid() {
-                let n = (header.attrs_data_size as usize).min(record::MAX_ATTRS_DATA);
-                bytes[HEADER_SIZE..HEADER_SIZE + n].to_vec()
-            } else {
-                Vec::new()
-            };
-            RecordRead::Record { header, attrs_data }
-        }
+        0 => read_record_bytes(&b[layout::RECORD..][..RECORD_SIZE]),
         1 => RecordRead::Null,
         2 => RecordRead::NoTlsBlock,
         status => {
@@ -524,7 +579,10 @@ mod loaded {
     use aya::programs::{BtfTracePoint, PerfEvent, UProbe};
     use aya::{Btf, Ebpf, EbpfLoader};
 
-    use super::{decode_item, AttachError, Pairing, Sample, TargetPlan, TARGET_SIZE};
+    use super::{
+        decode_item, AttachError, Item, ItemRead, Pairing, Sample, TargetPlan, ISOLATES_SIZE,
+        PENDING_ITEMS_SIZE, TARGET_SIZE,
+    };
     use crate::profile::threadpool::{self, Probes};
 
     static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profile.bpf.o"));
@@ -533,8 +591,11 @@ mod loaded {
     pub struct Loaded {
         ring: RingBuf<MapData>,
         targets: HashMap<MapData, u32, [u8; TARGET_SIZE]>,
+        isolates: HashMap<MapData, u32, [u8; ISOLATES_SIZE]>,
+        unread_items: HashMap<MapData, u32, [u8; PENDING_ITEMS_SIZE]>,
         counters: PerCpuArray<MapData, u64>,
         pairing: Pairing,
+        item_reads: Vec<ItemRead>,
         // Holds the programs and links: dropping it detaches everything.
         ebpf: Ebpf,
     }
@@ -612,11 +673,20 @@ mod loaded {
                     .map_err(|e| format!("counters map: {e}"))?;
             let targets = HashMap::try_from(ebpf.take_map("targets").ok_or("no targets map")?)
                 .map_err(|e| format!("targets map: {e}"))?;
+            let isolates =
+                HashMap::try_from(ebpf.take_map("isolates").ok_or("no isolates map")?)
+                    .map_err(|e| format!("isolates map: {e}"))?;
+            let unread_items =
+                HashMap::try_from(ebpf.take_map("unread_items").ok_or("no unread_items map")?)
+                    .map_err(|e| format!("unread_items map: {e}"))?;
             Ok(Loaded {
                 ring,
                 counters,
                 targets,
+                isolates,
+                unread_items,
                 pairing: Pairing::default(),
+                item_reads: Vec::new(),
                 ebpf,
             })
         }
@@ -624,6 +694,19 @@ mod loaded {
         /// Samples the process `plan` names from now on (or with this plan,
         /// when it already was).
         pub fn add_target(&mut self, plan: &TargetPlan) -> Result<(), AttachError> {
+            // Room for the items its pool samples could not read (the
+            // program only fills entries: a BPF-made one would need the
+            // whole value on its small stack). Kept when it exists.
+            if plan.pool.return_address != 0 && self.unread_items.get(&plan.tgid, 0).is_err() {
+                self.unread_items
+                    .insert(plan.tgid, [0; PENDING_ITEMS_SIZE], 0)
+                    .map_err(|e| {
+                        explain(
+                            &format!("adding pid {} to the threadpool's tables", plan.tgid),
+                            &e,
+                        )
+                    })?;
+            }
             self.targets
                 .insert(plan.tgid, plan.encode(), 0)
                 .map_err(|e| explain(&format!("adding pid {} to the targets", plan.tgid), &e))
@@ -642,10 +725,17 @@ mod loaded {
         pub fn remove_target(&mut self, tgid: u32) {
             // Not found is the only failure: the entry is gone either way.
             let _ = self.targets.remove(&tgid);
+            let _ = self.isolates.remove(&tgid);
+            let _ = self.unread_items.remove(&tgid);
+        }
+
+        /// The item reads received since the last call.
+        pub fn take_item_reads(&mut self) -> Vec<ItemRead> {
+            std::mem::take(&mut self.item_reads)
         }
 
         /// Waits up to `timeout` for samples, then hands every pending one
-        /// to `each`.
+        /// to `each`; item reads wait for [`Loaded::take_item_reads`].
         pub fn poll(&mut self, timeout: Duration, mut each: impl FnMut(Sample)) {
             let mut fds = libc::pollfd {
                 fd: self.ring.as_fd().as_raw_fd(),
@@ -655,8 +745,14 @@ mod loaded {
             // SAFETY: one valid pollfd; EINTR (a signal) just returns early.
             unsafe { libc::poll(&mut fds, 1, timeout.as_millis() as libc::c_int) };
             while let Some(item) = self.ring.next() {
-                if let Some(s) = decode_item(&item).and_then(|i| self.pairing.take(i)) {
-                    each(s);
+                match decode_item(&item) {
+                    Some(Item::ItemRead(read)) => self.item_reads.push(read),
+                    Some(item) => {
+                        if let Some(s) = self.pairing.take(item) {
+                            each(s);
+                        }
+                    }
+                    None => {}
                 }
             }
         }

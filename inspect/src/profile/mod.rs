@@ -382,6 +382,7 @@ fn sample(
         loaded.poll(left, |s| take(s, &mut collector));
     }
     loaded.poll(Duration::ZERO, |s| take(s, &mut collector));
+    let item_reads = loaded.take_item_reads();
     let lost = loaded.lost();
     let pool_items = loaded.pool_items();
     drop(loaded);
@@ -395,7 +396,7 @@ fn sample(
     let (on_cpu_stacks, off_cpu_stacks) = stacks.wholeness();
     let names = collector.finish();
     let unread = samples.iter().filter(|s| s.pool_unread).count();
-    let filled = threadpool::fill_from_same_item(&mut samples);
+    let filled = threadpool::fill_from_same_item(&mut samples, &item_reads);
     let between_items = threadpool::clear_between_items(&mut samples, &names);
     let base = model::Profile {
         pid,
@@ -450,7 +451,7 @@ fn sample(
     ));
     if plan.pool.return_address != 0 {
         lines.push(format!(
-            "threadpool: {} samples of pool threads carry the span of the request they run ({filled} of the {unread} taken while a GC kept it unreadable took it from another sample of the same item)",
+            "threadpool: {} samples of pool threads carry the span of the request they run ({filled} of the {unread} taken while a GC kept it unreadable took it from a read after the GC or another sample of the same item)",
             samples.iter().filter(|s| s.threadpool).count()
         ));
     }

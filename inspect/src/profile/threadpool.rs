@@ -19,7 +19,7 @@ use object::Endianness;
 
 use crate::elf::MappedFile;
 use crate::maps::Mapping;
-use crate::profile::kernel::{RecordRead, RunningItemPlan, Sample};
+use crate::profile::kernel::{ItemRead, RecordRead, RunningItemPlan, Sample};
 use crate::profile::model::lookup_address;
 use crate::profile::symbolize::Names;
 
@@ -302,11 +302,12 @@ pub fn clear_between_items(samples: &mut [Sample], names: &Names) -> usize {
 
 /// Gives each pool sample whose item's span could not be read at sample
 /// time (its isolate was in a moving GC) the span that another sample of
-/// the same item carries: the item's address with its resource's async id
-/// names one request for the process's life, and a request keeps the
+/// the same item carries, or that the program read after the GC while the
+/// item still ran (`reads`): the item's address with its resource's async
+/// id names one request for the process's life, and a request keeps the
 /// context it was made in. Returns how many samples it filled.
-pub fn fill_from_same_item(samples: &mut [Sample]) -> usize {
-    let read: std::collections::HashMap<(u32, u64, u64), (RecordRead, crate::schema::Schema)> =
+pub fn fill_from_same_item(samples: &mut [Sample], reads: &[ItemRead]) -> usize {
+    let mut read: std::collections::HashMap<(u32, u64, u64), (RecordRead, crate::schema::Schema)> =
         samples
             .iter()
             .filter(|s| s.threadpool)
@@ -315,6 +316,10 @@ pub fn fill_from_same_item(samples: &mut [Sample]) -> usize {
                 Some(((s.tgid, item, id), (s.record.clone(), s.schema)))
             })
             .collect();
+    for r in reads.iter().filter(|r| r.record.valid().is_some()) {
+        read.entry((r.tgid, r.item, r.async_id))
+            .or_insert_with(|| (r.record.clone(), crate::schema::Schema::Nodejs));
+    }
     let mut filled = 0;
     for s in samples
         .iter_mut()
@@ -649,10 +654,43 @@ mod tests {
             unread(0x1000, 6),
             unread(0x2000, 5),
         ];
-        assert_eq!(fill_from_same_item(&mut samples), 1);
+        assert_eq!(fill_from_same_item(&mut samples, &[]), 1);
         assert!(samples[0].threadpool && samples[0].record == samples[1].record);
         assert!(!samples[2].threadpool && samples[2].record == RecordRead::Null);
         assert!(!samples[3].threadpool);
+    }
+
+    #[test]
+    fn a_sample_unread_in_a_gc_takes_the_span_read_after_it() {
+        let unread = |tgid, item, id| {
+            let mut s = sample(Kind::OffCpu, 4, RecordRead::Null, &[0x50], 0);
+            s.tgid = tgid;
+            s.pool_item = Some((item, id));
+            s.pool_unread = true;
+            s
+        };
+        let after = |tgid, item, async_id, record| ItemRead {
+            tgid,
+            item,
+            async_id,
+            record,
+        };
+        let mut samples = [
+            unread(9, 0x1000, 5),
+            unread(9, 0x1000, 6),
+            unread(8, 0x1000, 5),
+            unread(9, 0x2000, 7),
+        ];
+        let reads = [
+            after(9, 0x1000, 5, record(7, &[])),
+            // A read with no valid span fills nothing.
+            after(9, 0x2000, 7, RecordRead::Null),
+        ];
+        assert_eq!(fill_from_same_item(&mut samples, &reads), 1);
+        assert!(samples[0].threadpool && samples[0].record == record(7, &[]));
+        assert_eq!(samples[0].schema, crate::schema::Schema::Nodejs);
+        // Another request at the same address, another process, no span.
+        assert!(samples[1..].iter().all(|s| !s.threadpool));
     }
 
     #[test]
