@@ -118,11 +118,14 @@ enum Command {
         /// work) to the span that queued it (on by default when node's libuv symbols are found).
         #[arg(long)]
         no_threadpool: bool,
-        /// Experimental, where the target publishes the Node.js schema: no threadpool
-        /// probes; a pool thread's sample reads the span of the request it runs (the
-        /// context the request was made in). Samples taken while a moving GC hides it
-        /// take it from another sample of the same request, else carry none.
+        /// Follow threadpool work with probes where the queued work is submitted and
+        /// started, even where the target publishes the Node.js schema (whose pool
+        /// samples are otherwise read at sample time, with no probes: the span of the
+        /// request each runs, the context it was made in).
         #[arg(long, conflicts_with = "no_threadpool")]
+        threadpool_probes: bool,
+        /// The default now; accepted for the scripts that named it.
+        #[arg(long, hide = true, conflicts_with_all = ["no_threadpool", "threadpool_probes"])]
         threadpool_at_sample_time: bool,
     },
     /// Continuous profiling of every process on the host that publishes a
@@ -295,7 +298,8 @@ fn main() -> ExitCode {
             otlp_endpoint,
             max_traces,
             no_threadpool,
-            threadpool_at_sample_time,
+            threadpool_probes,
+            threadpool_at_sample_time: _,
         } => {
             let opts = profile::Options {
                 pid,
@@ -308,7 +312,7 @@ fn main() -> ExitCode {
                 otlp_endpoint,
                 max_traces,
                 threadpool: !no_threadpool,
-                threadpool_at_sample_time,
+                threadpool_probes,
             };
             match profile::run(&opts) {
                 Err(e) => {

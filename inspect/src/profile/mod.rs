@@ -95,9 +95,10 @@ pub struct Options {
     pub max_traces: usize,
     /// Attribute libuv threadpool work to the span that queued it.
     pub threadpool: bool,
-    /// Read a pool thread's running item at sample time instead of probing
-    /// (the Node.js schema only; experimental).
-    pub threadpool_at_sample_time: bool,
+    /// Follow it with the probes even where a pool thread's running item
+    /// could be read at sample time (a target that publishes the Node.js
+    /// schema).
+    pub threadpool_probes: bool,
 }
 
 /// What the command prints when it is done.
@@ -195,7 +196,7 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
         None
     };
     let pool = match pool {
-        Some(p) if opts.threadpool_at_sample_time => {
+        Some(p) if !opts.threadpool_probes => {
             read_pool_at_sample_time(&target, &p, &mut plan, &mut lines).then_some(p)
         }
         other => other,
@@ -214,9 +215,6 @@ fn read_pool_at_sample_time(
     lines: &mut Vec<String>,
 ) -> bool {
     if !crate::process_context::lookup(&target.maps, &target.memory).publishes_nodejs_schema() {
-        lines.push(
-            "threadpool: read at sample time needs the Node.js schema; probing instead".into(),
-        );
         return true;
     }
     let Some(running) = threadpool::running_item_plan(probes, &target.maps) else {
