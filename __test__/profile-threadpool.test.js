@@ -71,6 +71,15 @@ async function attached(ms = 4000) {
   await new Promise((r) => setTimeout(r, ms));
 }
 
+/** Polls `check` until it holds (or fails after 60 s with `explain()`). */
+async function until(check, explain) {
+  const deadline = Date.now() + 60000;
+  while (!check()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${explain()}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
 /** The service's item lines until {done}. */
 async function itemsUntilDone(lines) {
   const items = [];
@@ -282,6 +291,61 @@ test('pprof and folded outputs mark pool samples; --no-threadpool turns it off',
   const labelled = raw.stdout.split('\n').filter((l) => l.includes('thread.pool:[true]'));
   assert.ok(labelled.length > 0, raw.stdout.slice(0, 3000));
   for (const l of labelled) assert.ok(spans.has(l.match(/span_id:\[([0-9a-f]+)\]/)?.[1]), l);
+});
+
+// The agent reads pool threads at sample time too, in frame mode: its
+// exports' pool samples link to the spans whose pbkdf2 calls they run.
+test('agent: pool samples carry the span of the request they run (frame mode)', { skip: skip ?? false, timeout: 240000 }, async (t) => {
+  const service = await startService(buildAddon());
+  t.after(() => service.child.kill('SIGKILL'));
+  if (service.mode !== 'frame') {
+    t.skip(`the service publishes in ${service.mode} mode`);
+    return;
+  }
+  const dir = path.join(tmp, 'agent-out');
+  const agent = spawn(READER, ['agent', '--pid', String(service.pid), '--hz', String(HZ), '--interval', '1', '--output-dir', dir], {
+    cwd: tmp,
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  t.after(() => agent.kill('SIGKILL'));
+  let log = '';
+  agent.stderr.on('data', (d) => (log += d));
+  await until(() => /threadpool: pool threads' samples read the request they run/.test(log), () => `the agent's pool note:\n${log}`);
+  await attached(2000);
+  service.child.stdin.write('go pbkdf2\n');
+  const flights = (await itemsUntilDone(service.lines)).filter((i) => i.kind === 'pbkdf2');
+  const spans = new Set(flights.map((f) => f.spanId));
+  // The export after the calls holds their samples.
+  await new Promise((r) => setTimeout(r, 2500));
+  agent.kill('SIGTERM');
+  assert.strictEqual(await exited(agent, 30000), 0, log);
+  const Request = require('protobufjs')
+    .loadSync(path.join(__dirname, 'fixtures', 'profiles.proto'))
+    .lookupType('otlp.profiles.test.ExportProfilesServiceRequest');
+  let pool = 0;
+  const linked = new Set();
+  for (const name of fs.readdirSync(dir).filter((n) => n.endsWith('.otlp.pb'))) {
+    const msg = Request.toObject(Request.decode(fs.readFileSync(path.join(dir, name))), { longs: Number, bytes: Buffer, defaults: false });
+    const dict = msg.dictionary;
+    const str = (i) => dict.stringTable[i ?? 0];
+    for (const rp of msg.resourceProfiles ?? []) {
+      for (const profile of rp.scopeProfiles[0].profiles) {
+        for (const sample of profile.samples ?? []) {
+          const attrs = (sample.attributeIndices ?? []).map((i) => dict.attributeTable[i]);
+          if (!attrs.some((kv) => str(kv.keyStrindex) === 'thread.pool')) continue;
+          pool++;
+          const link = sample.linkIndex ? dict.linkTable[sample.linkIndex] : null;
+          assert.ok(link, 'a pool sample without a span');
+          const spanId = link.spanId.toString('hex');
+          assert.ok(spans.has(spanId), `a pool sample links to ${spanId}, not a pbkdf2 span`);
+          linked.add(spanId);
+        }
+      }
+    }
+  }
+  t.diagnostic(`agent: ${pool} pool samples, linked to ${linked.size} of the ${spans.size} pbkdf2 spans`);
+  assert.ok(pool >= 20, `only ${pool} pool samples in the agent's exports`);
+  assert.ok(linked.size >= spans.size / 2, `pool samples link to ${linked.size} of ${spans.size} spans`);
 });
 
 test('a process that exits mid-item ends the profile cleanly', { skip: skip ?? false, timeout: 120000 }, async (t) => {

@@ -265,6 +265,11 @@ fn sample(
                 None => unattributed += 1,
             }
         });
+        for read in loaded.take_item_reads() {
+            if let Some(p) = profiled.get_mut(&(read.tgid as i32)) {
+                p.take_item_read(read);
+            }
+        }
         if names_refreshed.elapsed() >= Duration::from_secs(1) {
             for p in profiled.values_mut() {
                 p.refresh();

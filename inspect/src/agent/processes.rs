@@ -153,7 +153,11 @@ impl Watcher {
             return None;
         }
         let target = Target::open(pid).ok()?;
-        let (plan, notes) = crate::profile::target_plan(pid, &target);
+        let (mut plan, mut notes) = crate::profile::target_plan(pid, &target);
+        if let Some(pool) = crate::profile::pool_at_sample_time(pid, &target.maps, &target.memory) {
+            plan.pool = pool;
+            notes.push("threadpool: pool threads' samples read the request they run".into());
+        }
         let command = fs::read(format!("/proc/{pid}/cmdline"))
             .ok()
             .and_then(|c| {
@@ -182,7 +186,12 @@ impl Watcher {
             && plan.nodejs[0] == crate::profile::kernel::TlsPlan::NONE;
         if unresolved && self.publishes(pid, &maps) {
             let target = Target::open(pid).ok()?;
-            let (newer, _) = crate::profile::target_plan(pid, &target);
+            let (mut newer, _) = crate::profile::target_plan(pid, &target);
+            if let Some(pool) =
+                crate::profile::pool_at_sample_time(pid, &target.maps, &target.memory)
+            {
+                newer.pool = pool;
+            }
             return (newer != plan).then_some(newer);
         }
         if plan.nodejs[0] == crate::profile::kernel::TlsPlan::NONE {
@@ -190,7 +199,17 @@ impl Watcher {
         }
         let (_, memory) = crate::target::open_memory(pid).ok()?;
         let layout = crate::process_context::lookup(&maps, &memory).v8_layout();
-        (layout != plan.layout).then_some(TargetPlan { layout, ..plan })
+        // A process that turned frame mode on since it was added.
+        let pool = if plan.pool.return_address == 0 {
+            crate::profile::pool_at_sample_time(pid, &maps, &memory).unwrap_or(plan.pool)
+        } else {
+            plan.pool
+        };
+        (layout != plan.layout || pool != plan.pool).then_some(TargetPlan {
+            layout,
+            pool,
+            ..plan
+        })
     }
 
     /// Whether a mapped file defines either schema's symbol.

@@ -9,10 +9,10 @@ use otel_thread_ctx_otlp::Resource;
 
 use super::processes::Found;
 use crate::maps::{self, Mapping};
-use crate::profile::kernel::Sample;
+use crate::profile::kernel::{ItemRead, Sample};
 use crate::profile::symbolize::Collector;
 use crate::profile::unwind::{choose, StackUnwinder};
-use crate::profile::{current_process_context, model};
+use crate::profile::{current_process_context, model, threadpool};
 use crate::thread;
 
 pub struct Profiled {
@@ -24,6 +24,8 @@ pub struct Profiled {
     unwinder: StackUnwinder,
     collector: Collector,
     samples: Vec<Sample>,
+    /// Pool items read after a GC hid them from their samples.
+    item_reads: Vec<ItemRead>,
     thread_names: HashMap<u32, String>,
     /// The latest process context read (resource, key map): an exited
     /// process keeps the last one.
@@ -54,6 +56,7 @@ impl Profiled {
             unwinder: StackUnwinder::new(found.pid, found.maps.clone()),
             collector: Collector::new(found.pid, found.maps.clone()),
             samples: Vec::new(),
+            item_reads: Vec::new(),
             thread_names: HashMap::new(),
             context: (None, Vec::new()),
             exited: false,
@@ -76,6 +79,11 @@ impl Profiled {
             self.collector.kernel(a);
         }
         self.samples.push(s);
+    }
+
+    /// Takes the span of a pool item that samples of it could not read.
+    pub fn take_item_read(&mut self, read: ItemRead) {
+        self.item_reads.push(read);
     }
 
     /// Thread names as /proc shows them, and the process context (its key
@@ -110,9 +118,11 @@ impl Profiled {
             &mut self.collector,
             Collector::new(self.pid, self.maps.clone()),
         );
+        let item_reads = std::mem::take(&mut self.item_reads);
         if self.samples.is_empty() {
             return None;
         }
+        threadpool::fill_from_same_item(&mut self.samples, &item_reads);
         let thread_names = if self.exited {
             std::mem::take(&mut self.thread_names)
         } else {

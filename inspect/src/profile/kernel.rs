@@ -673,9 +673,8 @@ mod loaded {
                     .map_err(|e| format!("counters map: {e}"))?;
             let targets = HashMap::try_from(ebpf.take_map("targets").ok_or("no targets map")?)
                 .map_err(|e| format!("targets map: {e}"))?;
-            let isolates =
-                HashMap::try_from(ebpf.take_map("isolates").ok_or("no isolates map")?)
-                    .map_err(|e| format!("isolates map: {e}"))?;
+            let isolates = HashMap::try_from(ebpf.take_map("isolates").ok_or("no isolates map")?)
+                .map_err(|e| format!("isolates map: {e}"))?;
             let unread_items =
                 HashMap::try_from(ebpf.take_map("unread_items").ok_or("no unread_items map")?)
                     .map_err(|e| format!("unread_items map: {e}"))?;

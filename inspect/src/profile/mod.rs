@@ -232,6 +232,21 @@ fn read_pool_at_sample_time(
     false
 }
 
+/// How a pool thread's running request is read at sample time in process
+/// `pid`, when it can be: the process publishes the Node.js schema, and its
+/// libuv shows the worker loop's item start and every work function.
+pub fn pool_at_sample_time(
+    pid: i32,
+    maps: &[crate::maps::Mapping],
+    memory: &dyn crate::memory::Memory,
+) -> Option<kernel::RunningItemPlan> {
+    if !crate::process_context::lookup(maps, memory).publishes_nodejs_schema() {
+        return None;
+    }
+    let probes = threadpool::find(pid, maps).ok()?;
+    threadpool::running_item_plan(&probes, maps)
+}
+
 /// How the BPF program reads `pid`'s thread context, and what the summary
 /// says about it: the record schema's first module, and every module that
 /// defines the Node.js schema's variable (the program tries each in turn).
