@@ -5,9 +5,9 @@
 // target's CPU (all threads, process.cpuUsage) for the same work
 //   - unprofiled,
 //   - under `profile --no-threadpool` (the samplers only),
-//   - under `profile` (samplers and threadpool probes),
-//   - under `profile --threadpool-at-sample-time` where the target is in
-//     frame mode (no probes: a pool thread's sample reads its request);
+//   - under `profile --threadpool-probes` (samplers and threadpool probes),
+//   - under `profile` where the target is in frame mode (its default there:
+//     no probes, a pool thread's sample reads its request);
 // the difference of the probes' run and the samplers', per call, is the
 // probes' cost. The
 // workloads: a burst of fs.stat calls (16 in flight), a burst of 1-iteration
@@ -114,14 +114,17 @@ async function once(opts, kind, profiler) {
   const { cpuUs, calls } = await next('result', 600000);
   // The probes' programs run about once per call each; the samplers' far
   // less often.
-  const probeNs = (await programs).filter((p) => p.runs >= calls / 2).reduce((t, p) => t + p.runTimeNs, 0);
-  if (profiler?.includes('--threadpool-at-sample-time') && !/read at sample time \(no probes/.test(summary)) {
+  const ran = await programs;
+  const probeNs = ran.filter((p) => p.runs >= calls / 2).reduce((t, p) => t + p.runTimeNs, 0);
+  // Every program: the samplers' too, with the pool reads they do.
+  const bpfNs = ran.reduce((t, p) => t + p.runTimeNs, 0);
+  if (profiler && profiler.length === 0 && !/read at sample time \(no probes/.test(summary)) {
     throw new Error(`the pool was not read at sample time:\n${summary}`);
   }
-  if (profiler && profiler.length === 0 && !/threadpool: work queued/.test(summary)) {
+  if (profiler?.includes('--threadpool-probes') && !/threadpool: work queued/.test(summary)) {
     throw new Error(`the threadpool probes were not attached:\n${summary}`);
   }
-  return { cpuUs, calls, probeNs };
+  return { cpuUs, calls, probeNs, bpfNs };
 }
 
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
@@ -133,19 +136,22 @@ async function main() {
     console.log(`skipped: ${process.getuid() !== 0 ? 'needs root' : probe.stderr.trim()}`);
     return;
   }
-  const setups = { unprofiled: null, samplers: ['--no-threadpool'], threadpool: [] };
-  // The workload publishes in frame mode where the running Node has it.
-  if (Number(process.versions.node.split('.')[0]) >= 24) setups.sampleTime = ['--threadpool-at-sample-time'];
+  const setups = { unprofiled: null, samplers: ['--no-threadpool'], threadpool: ['--threadpool-probes'] };
+  // The workload publishes in frame mode where the running Node has it,
+  // and there `profile` reads the pool at sample time by default.
+  if (Number(process.versions.node.split('.')[0]) >= 24) setups.sampleTime = [];
   const statsOn = enableBpfStats();
   const probeRun = {}; // the probes' BPF run time per call, ns
+  const bpfRun = {}; // every BPF program's run time per call, ns, by setup
   const results = {};
   for (let r = 0; r < opts.rounds; r++) {
     for (const kind of ['fs', 'pbkdf2', 'service']) {
       const line = [];
       for (const [name, args] of Object.entries(setups)) {
-        const { cpuUs, calls, probeNs } = await once(opts, kind, args);
+        const { cpuUs, calls, probeNs, bpfNs } = await once(opts, kind, args);
         ((results[kind] ??= {})[name] ??= []).push(cpuUs / calls);
         if (name === 'threadpool' && statsOn) ((probeRun[kind] ??= []).push(probeNs / calls));
+        if (args && statsOn) ((bpfRun[kind] ??= {})[name] ??= []).push(bpfNs / calls);
         line.push(`${name} ${((cpuUs / calls) * 1000).toFixed(0)} ns/call`);
       }
       console.log(`round ${r + 1} ${kind}: ${line.join(', ')}`);
@@ -168,6 +174,16 @@ async function main() {
       (setups.sampleTime ? `, ${(s('sampleTime') / s('unprofiled')).toFixed(3)} read at sample time` : '') +
       (probeRun.service ? `; the probes' BPF programs ran ${median(probeRun.service).toFixed(0)} ns per call` : ''),
   );
+  // The kernel's run-time counters, which the machine's noise does not
+  // move: every BPF program's time per call, and its share of the
+  // unprofiled CPU per call.
+  if (bpfRun.service) {
+    const parts = Object.keys(bpfRun.service).map((name) => {
+      const ns = median(bpfRun.service[name]);
+      return `${name} ${ns.toFixed(0)} ns (${((100 * ns) / s('unprofiled')).toFixed(2)} %)`;
+    });
+    console.log(`  service, every BPF program's run time per call (share of the unprofiled CPU per call): ${parts.join(', ')}`);
+  }
 }
 
 main().catch((e) => {
