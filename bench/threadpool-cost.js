@@ -16,7 +16,7 @@
 // figure to keep within 1.03. Needs root and a reader built with its BPF
 // program.
 //
-//   node bench/threadpool-cost.js [--rounds 3] [--calls 40000] [--rate 10000] [--seconds 5] [--hz 99]
+//   node bench/threadpool-cost.js [--rounds 3] [--calls 40000] [--rate 10000] [--seconds 5] [--hz 99] [--service-only 1]
 
 const fs = require('node:fs');
 const os = require('node:os');
@@ -81,7 +81,7 @@ process.stdin.once('data', () => {
 `;
 
 function parseArgs(argv) {
-  const o = { rounds: 3, calls: 40000, rate: 10000, seconds: 5, hz: 99 };
+  const o = { rounds: 3, calls: 40000, rate: 10000, seconds: 5, hz: 99, 'service-only': 0 };
   for (let i = 0; i < argv.length; i++) {
     const key = argv[i].replace(/^--/, '');
     if (!(key in o)) throw new Error(`unknown argument ${argv[i]}`);
@@ -145,7 +145,7 @@ async function main() {
   const bpfRun = {}; // every BPF program's run time per call, ns, by setup
   const results = {};
   for (let r = 0; r < opts.rounds; r++) {
-    for (const kind of ['fs', 'pbkdf2', 'service']) {
+    for (const kind of opts['service-only'] ? ['service'] : ['fs', 'pbkdf2', 'service']) {
       const line = [];
       for (const [name, args] of Object.entries(setups)) {
         const { cpuUs, calls, probeNs, bpfNs } = await once(opts, kind, args);
@@ -161,7 +161,7 @@ async function main() {
   console.log(`Node ${process.version}, ${opts.hz} Hz, median of ${opts.rounds} rounds (target CPU per call, all threads):`);
   const atSampleTime = (kind) =>
     setups.sampleTime ? `; read at sample time ${m(kind, 'sampleTime').toFixed(0)} ns (${(m(kind, 'sampleTime') - m(kind, 'samplers')).toFixed(0)} ns over the samplers)` : '';
-  for (const kind of ['fs', 'pbkdf2']) {
+  for (const kind of opts['service-only'] ? [] : ['fs', 'pbkdf2']) {
     console.log(
       `  ${kind}: unprofiled ${m(kind, 'unprofiled').toFixed(0)} ns, samplers only ${m(kind, 'samplers').toFixed(0)} ns, with threadpool probes ${m(kind, 'threadpool').toFixed(0)} ns: the probes add ${(m(kind, 'threadpool') - m(kind, 'samplers')).toFixed(0)} ns per call` +
         (probeRun[kind] ? `; their BPF programs ran ${median(probeRun[kind]).toFixed(0)} ns per call (kernel counters)` : '') +
