@@ -166,34 +166,6 @@ let lastW2 = 0;
 let lastW3 = 0;
 
 /**
- * Builds the entry for a span context (32 + 16 hex digits) and optional
- * encoded attributes. Returns NO_SPAN for ids that are malformed or all
- * zero (the W3C invalid ids), so no separate validity check is needed.
- */
-function entryFromIds(traceId, spanId, traceFlags, schema = null, attributes = null) {
-  if (typeof traceId !== 'string' || traceId.length !== 32 || typeof spanId !== 'string' || spanId.length !== 16) {
-    return NO_SPAN;
-  }
-  badDigits = 0;
-  if (traceId !== lastTraceId) {
-    const w0 = wordAt(traceId, 0);
-    const w1 = wordAt(traceId, 8);
-    const w2 = wordAt(traceId, 16);
-    const w3 = wordAt(traceId, 24);
-    if (badDigits < 0 || (w0 | w1 | w2 | w3) === 0) return NO_SPAN;
-    lastTraceId = traceId;
-    lastW0 = w0;
-    lastW1 = w1;
-    lastW2 = w2;
-    lastW3 = w3;
-  }
-  const w4 = wordAt(spanId, 0);
-  const w5 = wordAt(spanId, 8);
-  if (badDigits < 0 || (w4 | w5) === 0) return NO_SPAN;
-  return new RecordEntry(1, lastW0, lastW1, lastW2, lastW3, w4, w5, traceFlags & 0xff, schema, attributes);
-}
-
-/**
  * The words of the ids decodeIds() decoded last: trace id in 0..3, span id
  * in 4..5, host-endian as the record stores them.
  */
@@ -231,6 +203,17 @@ function decodeIds(traceId, spanId) {
   decodedIds[4] = w4;
   decodedIds[5] = w5;
   return true;
+}
+
+/**
+ * Builds the entry for a span context (32 + 16 hex digits) and optional
+ * encoded attributes. Returns NO_SPAN for ids that are malformed or all
+ * zero (the W3C invalid ids), so no separate validity check is needed.
+ */
+function entryFromIds(traceId, spanId, traceFlags, schema = null, attributes = null) {
+  if (!decodeIds(traceId, spanId)) return NO_SPAN;
+  const d = decodedIds;
+  return new RecordEntry(1, d[0], d[1], d[2], d[3], d[4], d[5], traceFlags & 0xff, schema, attributes);
 }
 
 /** `entry` (a span's ids) with encoded attributes added. */
