@@ -18,45 +18,12 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const { jsonLines } = require('../__test__/helpers');
+const { tracedWorkload } = require('./lib/traced-workload');
 
-const ROOT = path.resolve(__dirname, '..');
 const READER = require('../js/native').readerPath();
 
 // UNITS units of traced work on each thread, or forever when UNITS is 0.
-const WORKLOAD = `
-const { Worker, isMainThread } = require('node:worker_threads');
-const { context, trace } = require(${JSON.stringify(require.resolve('@opentelemetry/api', { paths: [ROOT] }))});
-const { BasicTracerProvider } = require(${JSON.stringify(require.resolve('@opentelemetry/sdk-trace-base', { paths: [ROOT] }))});
-const { ProfilingContextManager, publishProcessContext } = require(${JSON.stringify(ROOT)});
-context.setGlobalContextManager(new ProfilingContextManager({ attributes: ['http.route'] }).enable());
-const tracer = new BasicTracerProvider().getTracer('agent-cost');
-const units = Number(process.env.UNITS);
-async function work() {
-  for (let i = 0; units === 0 || i < units; i++) {
-    const span = tracer.startSpan('unit', { attributes: { 'http.route': '/unit/' + (i % 8) } });
-    await context.with(trace.setSpan(context.active(), span), async () => {
-      let x = 0;
-      for (let j = 0; j < 200000; j++) x += Math.sqrt(j + x);
-      await new Promise((r) => setImmediate(r));
-      span.end();
-      return x;
-    });
-  }
-}
-if (isMainThread) {
-  publishProcessContext({ resource: { 'service.name': 'agent-cost' } });
-  console.log(JSON.stringify({ ready: process.pid }));
-  process.stdin.once('data', async () => {
-    const w = new Worker(__filename);
-    await Promise.all([work(), new Promise((r) => w.once('exit', r))]);
-    const f = require('node:fs').readFileSync('/proc/self/stat', 'utf8').split(') ')[1].split(' ');
-    console.log(JSON.stringify({ cpuTicks: Number(f[11]) + Number(f[12]) }));
-    process.exit(0);
-  });
-} else {
-  work();
-}
-`;
+const WORKLOAD = tracedWorkload({ tracer: 'agent-cost', resource: { 'service.name': 'agent-cost' } });
 
 function parseArgs(argv) {
   const o = { processes: 8, rounds: 2, units: 300, hz: 99, soak: 360 };

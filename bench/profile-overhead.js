@@ -19,44 +19,12 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const { jsonLines } = require('../__test__/helpers');
+const { tracedWorkload } = require('./lib/traced-workload');
 const { enableBpfStats, pollBpfPrograms } = require('./lib/bpf-stats');
 
-const ROOT = path.resolve(__dirname, '..');
 const READER = require('../js/native').readerPath();
 
-const WORKLOAD = `
-const { Worker, isMainThread, parentPort, workerData } = require('node:worker_threads');
-const { context, trace } = require(${JSON.stringify(require.resolve('@opentelemetry/api', { paths: [ROOT] }))});
-const { BasicTracerProvider } = require(${JSON.stringify(require.resolve('@opentelemetry/sdk-trace-base', { paths: [ROOT] }))});
-const { ProfilingContextManager } = require(${JSON.stringify(ROOT)});
-context.setGlobalContextManager(new ProfilingContextManager({ attributes: ['http.route'] }).enable());
-const tracer = new BasicTracerProvider().getTracer('overhead');
-const units = Number(process.env.UNITS);
-async function work() {
-  for (let i = 0; i < units; i++) {
-    const span = tracer.startSpan('unit', { attributes: { 'http.route': '/unit/' + (i % 8) } });
-    await context.with(trace.setSpan(context.active(), span), async () => {
-      let x = 0;
-      for (let j = 0; j < 200000; j++) x += Math.sqrt(j + x);
-      await new Promise((r) => setImmediate(r));
-      span.end();
-      return x;
-    });
-  }
-}
-if (isMainThread) {
-  console.log(JSON.stringify({ ready: process.pid }));
-  process.stdin.once('data', async () => {
-    const w = new Worker(__filename);
-    await Promise.all([work(), new Promise((r) => w.once('exit', r))]);
-    const { utime, stime } = require('node:fs').readFileSync('/proc/self/stat', 'utf8').split(') ')[1].split(' ').reduce((o, v, i) => (i === 11 ? { ...o, utime: Number(v) } : i === 12 ? { ...o, stime: Number(v) } : o), {});
-    console.log(JSON.stringify({ cpuTicks: utime + stime }));
-    process.exit(0);
-  });
-} else {
-  work();
-}
-`;
+const WORKLOAD = tracedWorkload({ tracer: 'overhead' });
 
 function parseArgs(argv) {
   const o = { rounds: 3, units: 400, hz: 99, offCpu: false, sampler: 'profile' };
