@@ -419,6 +419,7 @@ struct isolate_blocks {
 	__u32 reserved;
 };
 
+// Userspace sets max_entries (one per target) and deletes a target's entry.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024);
@@ -1009,6 +1010,7 @@ struct pending_items {
 	__u32 reserved;
 };
 
+// Userspace sets max_entries (one per target).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024);

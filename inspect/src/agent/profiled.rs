@@ -24,8 +24,11 @@ pub struct Profiled {
     unwinder: StackUnwinder,
     collector: Collector,
     samples: Vec<Sample>,
-    /// Pool items read after a GC hid them from their samples.
+    /// Pool items read after a GC hid them from their samples: since the
+    /// last export, and in the one before (a wait's sample arrives when the
+    /// thread wakes, possibly after its item's read went out).
     item_reads: Vec<ItemRead>,
+    earlier_item_reads: Vec<ItemRead>,
     thread_names: HashMap<u32, String>,
     /// The latest process context read (resource, key map): an exited
     /// process keeps the last one.
@@ -57,6 +60,7 @@ impl Profiled {
             collector: Collector::new(found.pid, found.maps.clone()),
             samples: Vec::new(),
             item_reads: Vec::new(),
+            earlier_item_reads: Vec::new(),
             thread_names: HashMap::new(),
             context: (None, Vec::new()),
             exited: false,
@@ -118,7 +122,9 @@ impl Profiled {
             &mut self.collector,
             Collector::new(self.pid, self.maps.clone()),
         );
-        let item_reads = std::mem::take(&mut self.item_reads);
+        let fresh = std::mem::take(&mut self.item_reads);
+        let mut item_reads = std::mem::replace(&mut self.earlier_item_reads, fresh.clone());
+        item_reads.extend(fresh);
         if self.samples.is_empty() {
             return None;
         }

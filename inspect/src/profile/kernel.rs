@@ -626,6 +626,9 @@ mod loaded {
             loader
                 .map_max_entries("stack_scratch", cpus as u32)
                 .map_max_entries("targets", max_targets.max(1))
+                // One entry per target at most: remove_target deletes them.
+                .map_max_entries("isolates", max_targets.max(1))
+                .map_max_entries("unread_items", max_targets.max(1))
                 // The threadpool's per-thread state is task storage, a map
                 // type aya creates but has no typed wrapper for.
                 .allow_unsupported_maps();
