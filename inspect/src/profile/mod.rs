@@ -219,7 +219,7 @@ fn read_pool_at_sample_time(
     }
     let Some(running) = threadpool::running_item_plan(probes, &target.maps) else {
         lines.push(format!(
-            "threadpool: {} lacks the worker loop's item start or a work function; probing instead",
+            "threadpool: {} does not show the worker loop's item start, a work function or where a request keeps its context frame; probing instead",
             probes.module
         ));
         return true;

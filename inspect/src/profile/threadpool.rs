@@ -72,12 +72,13 @@ pub mod layout {
     /// `node::BaseObject` (every `AsyncWrap`): the global handle of its JS
     /// object, after the vtable pointer.
     pub const ASYNC_WRAP_OBJECT: u64 = 8;
-    /// That JS object (untagged): internal field 2, where `AsyncWrap`
-    /// keeps the context frame of its creation; field 0 is where the
-    /// Node.js schema's default wrapper holds its record, and fields are
-    /// 8 bytes apart.
-    pub const OBJECT_FRAME: u64 =
-        otel_thread_ctx_abi::node_schema::DEFAULT_LAYOUT.js_object_record_offset + 2 * 8;
+    /// That JS object (untagged): where internal field `index` is (field
+    /// 0 is where the Node.js schema's default wrapper holds its record,
+    /// and fields are 8 bytes apart). `AsyncWrap` keeps the context frame
+    /// of its creation in one, which `AsyncWrap::AsyncReset` names.
+    pub const fn internal_field(index: u32) -> u64 {
+        otel_thread_ctx_abi::node_schema::DEFAULT_LAYOUT.js_object_record_offset + index as u64 * 8
+    }
     /// `node::AsyncResource`: `context_frame_`, a global handle, after the
     /// vtable pointer, the environment and the resource's handle.
     pub const ASYNC_RESOURCE_FRAME: u64 = 24;
@@ -95,6 +96,13 @@ pub mod layout {
 const THREAD_POOL_WORK_CB_PREFIX: &str =
     "_ZZN4node14ThreadPoolWork12ScheduleWorkEvENUlP9uv_work_sE_";
 const THREAD_POOL_WORK_CB_SUFFIXES: [&str; 2] = ["4_FUNES2_", "8__invokeES2_"];
+
+/// Where node gives an AsyncWrap the context frame it is made in, and the
+/// V8 call that stores it in an internal field of the wrap's JS object
+/// (Node 24 and later; Node 22 with AsyncContextFrame keeps it in a C++
+/// member instead, which the sample-time reading does not know).
+const ASYNC_RESET: &str = "_ZN4node9AsyncWrap10AsyncResetEN2v85LocalINS1_6ObjectEEEd";
+const SET_INTERNAL_FIELD: &str = "_ZN2v86Object16SetInternalFieldEiNS_5LocalINS_4DataEEE";
 
 /// The vtable of N-API's async work (`uvimpl::Work`, an `AsyncResource`).
 const NAPI_WORK_VTABLE: &str = "_ZTVN12_GLOBAL__N_16uvimpl4WorkE";
@@ -188,6 +196,38 @@ fn item_start_in(code: &[u8], ip: u64) -> Option<(u64, u8, i32, u16)> {
         }
         let distance = u16::try_from(call.next_ip() - site.ip()).ok()?;
         found = Some((site.ip(), register as u8, displacement, distance));
+    }
+    found
+}
+
+/// The internal field `AsyncWrap::AsyncReset` (its code at `ip`) stores the
+/// context frame in: the index each direct call to `set_internal_field`
+/// passes (`mov esi, index` before it). `None` unless there is such a call
+/// and all of them pass the same index.
+fn frame_field_in(code: &[u8], ip: u64, set_internal_field: u64) -> Option<u32> {
+    let insns: Vec<Instruction> = Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
+        .into_iter()
+        .collect();
+    let mut found = None;
+    for (i, call) in insns.iter().enumerate() {
+        if call.mnemonic() != Mnemonic::Call
+            || !direct(call)
+            || call.near_branch_target() != set_internal_field
+        {
+            continue;
+        }
+        // The nearest write of esi before the call is its index argument.
+        let index = insns[..i]
+            .iter()
+            .rev()
+            .take(8)
+            .find(|p| p.op0_kind() == OpKind::Register && p.op0_register() == Register::ESI)
+            .filter(|p| p.mnemonic() == Mnemonic::Mov && p.op1_kind() == OpKind::Immediate32)
+            .map(|p| p.immediate32())?;
+        if found.is_some_and(|f| f != index) {
+            return None;
+        }
+        found = Some(index);
     }
     found
 }
@@ -372,6 +412,9 @@ pub struct Sites {
     pub thread_pool_work_cb: Option<u64>,
     /// File offset of N-API's async work vtable, if found.
     pub napi_work_vtable: Option<u64>,
+    /// The internal field of an AsyncWrap's JS object that holds the
+    /// context frame it was made in, if `AsyncWrap::AsyncReset` shows it.
+    pub async_wrap_frame_field: Option<u32>,
 }
 
 /// The probe sites in one ELF image: where work is queued (each probe on
@@ -403,6 +446,7 @@ pub fn sites(data: &[u8]) -> Result<Option<Sites>, object::read::Error> {
     let mut work = Vec::new();
     let mut item_start = None;
     let (mut thread_pool_work_cb, mut napi_work_vtable) = (None, None);
+    let (mut async_reset, mut set_internal_field) = (None, None);
     for table in [file.elf_symbol_table(), file.elf_dynamic_symbol_table()] {
         let strings = table.strings();
         for sym in table.symbols() {
@@ -425,6 +469,14 @@ pub fn sites(data: &[u8]) -> Result<Option<Sites>, object::read::Error> {
             }
             if is_thread_pool_work_cb(name) {
                 thread_pool_work_cb = Some(offset);
+                continue;
+            }
+            if name == ASYNC_RESET.as_bytes() {
+                async_reset = Some((vaddr, size));
+                continue;
+            }
+            if name == SET_INTERNAL_FIELD.as_bytes() {
+                set_internal_field = Some(vaddr);
                 continue;
             }
             let submitter = match name {
@@ -459,6 +511,12 @@ pub fn sites(data: &[u8]) -> Result<Option<Sites>, object::read::Error> {
             }
         }
     }
+    let async_wrap_frame_field =
+        async_reset
+            .zip(set_internal_field)
+            .and_then(|((vaddr, size), set)| {
+                code(vaddr, size).and_then(|(c, ip)| frame_field_in(c, ip, set))
+            });
     work.sort_by_key(|&(name, _)| WORK_FUNCTIONS.iter().position(|&f| f == name));
     submitters.sort_by_key(|s| s.function != SUBMIT);
     Ok((!submitters.is_empty()).then_some(Sites {
@@ -467,6 +525,7 @@ pub fn sites(data: &[u8]) -> Result<Option<Sites>, object::read::Error> {
         work,
         thread_pool_work_cb,
         napi_work_vtable,
+        async_wrap_frame_field,
     }))
 }
 
@@ -487,11 +546,13 @@ fn runtime_address(maps: &[Mapping], module: &str, offset: u64) -> Option<u64> {
 }
 
 /// The plan for reading a pool thread's running item at sample time, when
-/// the module offers the worker loop's item start and the work functions
-/// (`uv_queue_work` items need node's `ThreadPoolWork` callback as well).
+/// the module offers the worker loop's item start, the work functions and
+/// the AsyncWrap's frame field (`uv_queue_work` items need node's
+/// `ThreadPoolWork` callback as well).
 pub fn running_item_plan(probes: &Probes, maps: &[Mapping]) -> Option<RunningItemPlan> {
     let sites = &probes.sites;
     let start = sites.item_start?;
+    let frame_field = sites.async_wrap_frame_field?;
     let at = |offset: u64| runtime_address(maps, &probes.module, offset);
     let work = |name: &str| {
         sites
@@ -521,7 +582,7 @@ pub fn running_item_plan(probes: &Probes, maps: &[Mapping]) -> Option<RunningIte
         work_cb_offset: layout::WORK_CB,
         thread_pool_work_offset: layout::THREAD_POOL_WORK_REQ,
         async_wrap_object_offset: layout::ASYNC_WRAP_OBJECT,
-        object_frame_offset: layout::OBJECT_FRAME,
+        object_frame_offset: layout::internal_field(frame_field),
         async_resource_frame_offset: layout::ASYNC_RESOURCE_FRAME,
         async_wrap_id_offset: layout::ASYNC_WRAP_ID,
         async_resource_id_offset: layout::ASYNC_RESOURCE_ID,
@@ -627,9 +688,38 @@ mod tests {
     }
 
     #[test]
-    fn an_async_wraps_frame_is_its_objects_internal_field_2() {
-        // Found in node 24 and 26's AsyncWrap::AsyncReset.
-        assert_eq!(layout::OBJECT_FRAME, 0x30);
+    fn an_async_wraps_internal_field_2_is_at_0x30() {
+        // Node 24 and 26's AsyncWrap::AsyncReset store the frame in field 2.
+        assert_eq!(layout::internal_field(2), 0x30);
+    }
+
+    #[test]
+    fn the_frame_field_is_the_index_every_set_internal_field_call_passes() {
+        const IP: u64 = 0x1000;
+        // mov esi, imm32; call rel32 (to `target`), as AsyncReset does.
+        let store = |at: u64, index: u32, target: u64| {
+            let mut code = vec![0xbe];
+            code.extend_from_slice(&index.to_le_bytes());
+            code.push(0xe8);
+            code.extend_from_slice(&((target as i64 - (at as i64 + 10)) as i32).to_le_bytes());
+            code
+        };
+        let set = 0x9000;
+        let one = store(IP, 2, set);
+        assert_eq!(frame_field_in(&one, IP, set), Some(2));
+        let mut twice = store(IP, 2, set);
+        twice.extend(store(IP + 10, 2, set));
+        assert_eq!(frame_field_in(&twice, IP, set), Some(2));
+        // Two indices, or calls to another function only: not known.
+        let mut differ = store(IP, 2, set);
+        differ.extend(store(IP + 10, 3, set));
+        assert_eq!(frame_field_in(&differ, IP, set), None);
+        assert_eq!(frame_field_in(&one, IP, 0x8000), None);
+        // An index that is not an immediate.
+        let mut computed = vec![0x89, 0xc6]; // mov esi, eax
+        computed.push(0xe8);
+        computed.extend_from_slice(&((set as i64 - (IP as i64 + 7)) as i32).to_le_bytes());
+        assert_eq!(frame_field_in(&computed, IP, set), None);
     }
 
     #[test]
