@@ -153,11 +153,7 @@ impl Watcher {
             return None;
         }
         let target = Target::open(pid).ok()?;
-        let (mut plan, mut notes) = crate::profile::target_plan(pid, &target);
-        if let Some(pool) = crate::profile::pool_at_sample_time(pid, &target.maps, &target.memory) {
-            plan.pool = pool;
-            notes.push("threadpool: pool threads' samples read the request they run".into());
-        }
+        let (plan, notes) = plan_for(pid, &target);
         let command = fs::read(format!("/proc/{pid}/cmdline"))
             .ok()
             .and_then(|c| {
@@ -186,12 +182,7 @@ impl Watcher {
             && plan.nodejs[0] == crate::profile::kernel::TlsPlan::NONE;
         if unresolved && self.publishes(pid, &maps) {
             let target = Target::open(pid).ok()?;
-            let (mut newer, _) = crate::profile::target_plan(pid, &target);
-            if let Some(pool) =
-                crate::profile::pool_at_sample_time(pid, &target.maps, &target.memory)
-            {
-                newer.pool = pool;
-            }
+            let (newer, _) = plan_for(pid, &target);
             return (newer != plan).then_some(newer);
         }
         if plan.nodejs[0] == crate::profile::kernel::TlsPlan::NONE {
@@ -199,13 +190,17 @@ impl Watcher {
         }
         let (_, memory) = crate::target::open_memory(pid).ok()?;
         let layout = crate::process_context::lookup(&maps, &memory).v8_layout();
-        // A process that turned frame mode on since it was added.
+        if layout == plan.layout {
+            return None;
+        }
+        // It published since it was added, perhaps in frame mode: looked for
+        // once then (it parses node's symbols), not at every scan.
         let pool = if plan.pool.return_address == 0 {
             crate::profile::pool_at_sample_time(pid, &maps, &memory).unwrap_or(plan.pool)
         } else {
             plan.pool
         };
-        (layout != plan.layout || pool != plan.pool).then_some(TargetPlan {
+        Some(TargetPlan {
             layout,
             pool,
             ..plan
@@ -232,6 +227,18 @@ impl Watcher {
 }
 
 /// Whether the file behind `m` defines a thread-context symbol.
+/// How the program reads `pid`: its thread context, and its pool threads'
+/// requests where they can be read at sample time (the agent attaches no
+/// threadpool probes). With notes for the log.
+fn plan_for(pid: i32, target: &Target) -> (TargetPlan, Vec<String>) {
+    let (mut plan, mut notes) = crate::profile::target_plan(pid, target);
+    if let Some(pool) = crate::profile::pool_at_sample_time(pid, &target.maps, &target.memory) {
+        plan.pool = pool;
+        notes.push("threadpool: pool threads' samples read the request they run".into());
+    }
+    (plan, notes)
+}
+
 fn file_defines_a_schema(pid: i32, m: &Mapping) -> bool {
     let Some(file) = open_mapped(pid, m) else {
         return false;
