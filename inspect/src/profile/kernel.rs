@@ -985,6 +985,31 @@ mod tests {
     }
 
     #[test]
+    fn item_reads_decode_apart_from_samples() {
+        let attrs = [0, 2, b'/', b'a'];
+        let mut b = vec![0u8; item_read_layout::SIZE];
+        b[item_read_layout::KIND..][..4].copy_from_slice(&KIND_ITEM_READ.to_ne_bytes());
+        b[item_read_layout::TGID..][..4].copy_from_slice(&4200u32.to_ne_bytes());
+        b[item_read_layout::ITEM..][..8].copy_from_slice(&0x7f00_1000u64.to_ne_bytes());
+        b[item_read_layout::ASYNC_ID..][..8].copy_from_slice(&77f64.to_bits().to_ne_bytes());
+        let r = record(1, &attrs);
+        b[item_read_layout::RECORD..][..r.len()].copy_from_slice(&r);
+        let Some(Item::ItemRead(read)) = decode_item(&b) else {
+            panic!("not an item read")
+        };
+        assert_eq!(
+            (read.tgid, read.item, read.async_id),
+            (4200, 0x7f00_1000, 77f64.to_bits())
+        );
+        let (h, a) = read.record.valid().unwrap();
+        assert_eq!(h.span_id.to_string(), "1112131415161718");
+        assert_eq!(a, attrs);
+        // A short one is not decoded; the pairing lets one pass untouched.
+        assert!(decode_item(&b[..item_read_layout::SIZE - 1]).is_none());
+        assert!(Pairing::default().take(Item::ItemRead(read)).is_none());
+    }
+
+    #[test]
     fn stack_copies_decode_and_join_their_sample() {
         let mut pairing = Pairing::default();
         let copy = decode_item(&copy_bytes(4242, 77, 16, &[7; 16])).unwrap();
