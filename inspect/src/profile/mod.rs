@@ -207,7 +207,7 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
 /// Where the target publishes the Node.js schema, a pool thread's samples
 /// read the span of the request it runs, and no probe is attached: returns
 /// whether the probes are still needed (the record schema, or a module
-/// without the worker loop's item start).
+/// that does not show what [`threadpool::running_item_plan`] needs).
 fn read_pool_at_sample_time(
     target: &Target,
     probes: &threadpool::Probes,
@@ -234,7 +234,7 @@ fn read_pool_at_sample_time(
 
 /// How a pool thread's running request is read at sample time in process
 /// `pid`, when it can be: the process publishes the Node.js schema, and its
-/// libuv shows the worker loop's item start and every work function.
+/// module shows what [`threadpool::running_item_plan`] needs.
 pub fn pool_at_sample_time(
     pid: i32,
     maps: &[crate::maps::Mapping],

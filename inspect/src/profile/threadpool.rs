@@ -216,12 +216,17 @@ fn frame_field_in(code: &[u8], ip: u64, set_internal_field: u64) -> Option<u32> 
         {
             continue;
         }
-        // The nearest write of esi before the call is its index argument.
+        // The nearest write of rsi (or a part of it) before the call is its
+        // index argument.
         let index = insns[..i]
             .iter()
             .rev()
             .take(8)
-            .find(|p| p.op0_kind() == OpKind::Register && p.op0_register() == Register::ESI)
+            .find(|p| {
+                p.op0_kind() == OpKind::Register
+                    && p.op0_register().full_register() == Register::RSI
+            })
+            .filter(|p| p.op0_register() == Register::ESI)
             .filter(|p| p.mnemonic() == Mnemonic::Mov && p.op1_kind() == OpKind::Immediate32)
             .map(|p| p.immediate32())?;
         if found.is_some_and(|f| f != index) {
@@ -715,6 +720,11 @@ mod tests {
         differ.extend(store(IP + 10, 3, set));
         assert_eq!(frame_field_in(&differ, IP, set), None);
         assert_eq!(frame_field_in(&one, IP, 0x8000), None);
+        // A later write of all of rsi hides the immediate.
+        let mut overwritten = vec![0xbe, 2, 0, 0, 0, 0x48, 0x89, 0xc6]; // mov esi, 2; mov rsi, rax
+        overwritten.push(0xe8);
+        overwritten.extend_from_slice(&((set as i64 - (IP as i64 + 13)) as i32).to_le_bytes());
+        assert_eq!(frame_field_in(&overwritten, IP, set), None);
         // An index that is not an immediate.
         let mut computed = vec![0x89, 0xc6]; // mov esi, eax
         computed.push(0xe8);
