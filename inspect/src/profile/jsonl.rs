@@ -6,13 +6,16 @@ use super::kernel::{Kind, RecordRead, Sample};
 use super::model::named_attributes;
 use super::symbolize::Names;
 
-/// The system call a kernel stack is in, from its `__x64_sys_<name>` frame.
+/// The system call a kernel stack is in, from its `__x64_sys_<name>` frame,
+/// or its `ksys_<name>` frame: `read`, `write`, `pread64` and others enter
+/// those helpers by a tail call, so their stacks have no `__x64_sys_` frame.
 fn syscall(s: &Sample, names: &Names) -> Option<String> {
     s.kernel_stack.iter().find_map(|a| {
         let name = &names.kernel.get(a)?.name;
         name.strip_prefix("__x64_sys_")
             .or_else(|| name.strip_prefix("__arm64_sys_"))
             .or_else(|| name.strip_prefix("__se_sys_"))
+            .or_else(|| name.strip_prefix("ksys_"))
             .map(str::to_string)
     })
 }
@@ -114,5 +117,30 @@ mod tests {
         );
         assert_eq!(v["record"], "null");
         assert!(v.get("span_id").is_none());
+    }
+
+    #[test]
+    fn a_read_is_named_from_its_tail_called_helper() {
+        // A thread blocked reading a FIFO: __x64_sys_read jumps to
+        // ksys_read, which is on the stack in its place.
+        let mut off = sample(Kind::OffCpu, 3, RecordRead::Null, &[], 42);
+        off.kernel_stack = vec![0x10, 0x20, 0x30, 0x40];
+        let mut names = Names::default();
+        for (address, name) in [
+            (0x10, "anon_pipe_read"),
+            (0x20, "vfs_read"),
+            (0x30, "ksys_read"),
+            (0x40, "do_syscall_64"),
+        ] {
+            names.kernel.insert(
+                address,
+                crate::profile::symbolize::Frame {
+                    name: name.into(),
+                    module: "[kernel]".into(),
+                },
+            );
+        }
+        let v: Value = serde_json::from_str(&line(&off, &[], &names)).unwrap();
+        assert_eq!(v["syscall"], "read");
     }
 }
