@@ -992,11 +992,16 @@ static __always_inline int item_span(const struct target *t, const struct isolat
 // A pool sample taken while the isolates' gates are closed cannot read its
 // item's frame. The item waits here, per process, and is read again at the
 // process's next sample or switch-out (where its memory is the current
-// one) for as long as a pool thread still runs it: the same item (running,
-// as above) with the same request (its resource's async id, unique for the
-// process's life), checked before and after the read, so a request that
-// completed meanwhile is never read. Userspace gives the span found to the
-// samples of that item. Userspace creates and deletes each process's entry.
+// one) for as long as its request is not done: the same request (its
+// resource's async id, unique for the process's life) and its item either
+// still running (as above) or finished on the pool thread but still waiting
+// in a queue for the loop thread, which runs its completion (and frees the
+// request) only after taking it off that queue. A GC pause of the loop's
+// isolate holds the completion back, so an item that ends in the pause is
+// still there after it. Checked before and after the read, so a request
+// whose completion started meanwhile is never read. Userspace gives the
+// span found to the samples of that item, and creates and deletes each
+// process's entry.
 #define PENDING_ITEMS 8
 // Retries of one item at most this often: one whose isolate is not known
 // yet stays unreadable until its block is learned or the item ends.
@@ -1005,7 +1010,9 @@ static __always_inline int item_span(const struct target *t, const struct isolat
 struct pending_items {
 	__u64 item[PENDING_ITEMS];
 	__u64 async_id[PENDING_ITEMS];
+	__u64 object[PENDING_ITEMS];  // the resource (struct item_resource)
 	__u64 tried[PENDING_ITEMS];
+	__u8 napi[PENDING_ITEMS];
 	__u32 next;
 	__u32 reserved;
 };
@@ -1029,33 +1036,60 @@ struct item_read {
 	__u8 record[ABI_RECORD_SIZE];
 };
 
-static __always_inline void keep_unread(__u32 tgid, __u64 w, __u64 async_id)
+static __always_inline void keep_unread(__u32 tgid, __u64 w, const struct item_resource *r)
 {
 	struct pending_items *p = bpf_map_lookup_elem(&unread_items, &tgid);
 	if (!p)
 		return;
 	for (int i = 0; i < PENDING_ITEMS; i++)
-		if (p->item[i] == w && p->async_id[i] == async_id)
+		if (p->item[i] == w && p->async_id[i] == r->async_id)
 			return;
-	// Two CPUs may store at once: a slot whose item and async id disagree
-	// names no running request, and is dropped at its first read.
+	// Two CPUs may store at once: a slot whose item, resource and async id
+	// disagree names no live request, and is dropped at its first read.
 	__u32 at = p->next % PENDING_ITEMS;
 	p->next = at + 1;
 	p->item[at] = 0;
-	p->async_id[at] = async_id;
+	p->async_id[at] = r->async_id;
+	p->object[at] = r->object;
+	p->napi[at] = r->napi;
 	p->tried[at] = bpf_ktime_get_ns();
 	p->item[at] = w;
 }
 
-// Whether item `w` still runs the request whose async id is `async_id`;
-// then `r` is its resource.
-static __always_inline bool same_request(const struct pool_plan *plan, __u64 w, __u64 async_id,
-					 struct item_resource *r)
+// Whether item `w` finished its work but its completion has not started:
+// libuv clears its work function when the work returns, then links it into
+// the loop's done queue, from which the loop thread unlinks it before
+// calling its completion. Linked: both neighbours point back at it.
+static __always_inline bool item_awaiting_completion(__u64 w, __u64 wq_offset)
+{
+	__u64 work = 1, link[2] = {}, back = 0;
+	__u64 self = w + wq_offset;
+	if (read_word(&work, w) || work ||
+	    bpf_probe_read_user(link, sizeof(link), (void *)self))
+		return false;
+	if (link[0] == self && link[1] == self)
+		return true; // between the two: cleared, not yet linked
+	return !read_word(&back, link[0] + 8) && back == self && !read_word(&back, link[1]) &&
+	       back == self;
+}
+
+// Whether the request `kept` (item `w`, as a sample found it) is not done:
+// the same resource with the same async id, and its item running it or
+// awaiting its completion.
+static __always_inline bool request_not_done(const struct pool_plan *plan, __u64 w,
+					     const struct item_resource *kept)
 {
 	__u64 work[4] = { plan->fs_work, plan->getaddrinfo_work, plan->getnameinfo_work,
 			  plan->queue_work };
-	return item_running(w, plan->wq_offset, work) && item_resource(plan, w, r) &&
-	       r->async_id == async_id;
+	struct item_resource now = {};
+	if (item_running(w, plan->wq_offset, work))
+		return item_resource(plan, w, &now) && now.object == kept->object &&
+		       now.async_id == kept->async_id;
+	return item_awaiting_completion(w, plan->wq_offset) &&
+	       !read_word(&now.async_id, kept->object + (kept->napi ?
+								 plan->async_resource_id_offset :
+								 plan->async_wrap_id_offset)) &&
+	       now.async_id == kept->async_id;
 }
 
 static long read_pending_item(__u64 index, __u32 *tgid)
@@ -1066,12 +1100,16 @@ static long read_pending_item(__u64 index, __u32 *tgid)
 	if (!t || !p || !known || index >= PENDING_ITEMS)
 		return 1;
 	__u32 at = index & (PENDING_ITEMS - 1);
-	__u64 w = p->item[at], async_id = p->async_id[at], now = bpf_ktime_get_ns();
+	__u64 w = p->item[at], now = bpf_ktime_get_ns();
 	if (!w || now - p->tried[at] < PENDING_RETRY_NS)
 		return 0;
 	p->tried[at] = now;
-	struct item_resource resource = {};
-	if (!same_request(&t->pool, w, async_id, &resource)) {
+	struct item_resource resource = {
+		.object = p->object[at],
+		.async_id = p->async_id[at],
+		.napi = p->napi[at],
+	};
+	if (!request_not_done(&t->pool, w, &resource)) {
 		p->item[at] = 0;
 		return 0;
 	}
@@ -1084,17 +1122,16 @@ static long read_pending_item(__u64 index, __u32 *tgid)
 		return 0;
 	}
 	p->item[at] = 0;
-	// The request still runs after the walk: it ran all along, and its
-	// frame (set when it was made) was the one read.
-	struct item_resource again = {};
-	if (found != ITEM_SPAN || !same_request(&t->pool, w, async_id, &again)) {
+	// The request is still not done after the walk: it was alive all
+	// along, and its frame (set when it was made) was the one read.
+	if (found != ITEM_SPAN || !request_not_done(&t->pool, w, &resource)) {
 		bpf_ringbuf_discard(out, 0);
 		return 0;
 	}
 	out->kind = KIND_ITEM_READ;
 	out->tgid = *tgid;
 	out->item = w;
-	out->async_id = async_id;
+	out->async_id = resource.async_id;
 	bpf_ringbuf_submit(out, 0);
 	return 0;
 }
@@ -1135,7 +1172,7 @@ static __always_inline bool read_running_item(const struct target *t, struct tas
 	int found = known ? item_span(t, known, &resource, s->record) : ITEM_UNREAD;
 	if (found == ITEM_UNREAD) {
 		s->flags |= SAMPLE_POOL_UNREAD;
-		keep_unread(tgid, w, resource.async_id);
+		keep_unread(tgid, w, &resource);
 	}
 	if (found != ITEM_SPAN)
 		return false;

@@ -58,9 +58,9 @@ mod copy_layout {
 const ISOLATES_SIZE: usize = 8 * otel_thread_ctx_abi::node_schema::SIZE + 8 * 8 + 8;
 
 /// Size of `struct pending_items` in profile.bpf.c: a process's items
-/// waiting to be read again (`PENDING_ITEMS`), three words each, and a
-/// cursor.
-const PENDING_ITEMS_SIZE: usize = 3 * 8 * 8 + 8;
+/// waiting to be read again (`PENDING_ITEMS`), four words and a byte each,
+/// and a cursor.
+const PENDING_ITEMS_SIZE: usize = 4 * 8 * 8 + 8 + 8;
 
 /// Offsets of `struct item_read` in profile.bpf.c.
 mod item_read_layout {
