@@ -62,8 +62,8 @@ function threadsNamed(pid, name) {
   return tids;
 }
 
-async function startService(addon) {
-  const child = spawn(process.execPath, [SERVICE, addon], {
+async function startService(addon, nodeFlags = []) {
+  const child = spawn(process.execPath, [...nodeFlags, SERVICE, addon], {
     cwd: tmp,
     stdio: ['pipe', 'pipe', 'inherit'],
     env: { ...process.env, UV_THREADPOOL_SIZE: String(POOL_SIZE) },
@@ -268,6 +268,39 @@ async function checkAttribution(t, { atSampleTime }) {
   assert.ok(summary, stderr);
   assert.strictEqual(Number(summary[3]), marked.length);
 }
+
+// Items that end inside a moving GC of the isolate that queued them: every
+// sample of theirs was taken with the gate closed, and the item no longer
+// runs once the gate opens; its request waits for the loop thread (held
+// back by the pause), and is read then.
+test('pool samples of items that end inside a GC pause take the span read after it (frame mode)', { skip: skip ?? false, timeout: 240000 }, async (t) => {
+  const service = await startService(buildAddon(), ['--expose-gc']);
+  t.after(() => service.child.kill('SIGKILL'));
+  if (service.mode !== 'frame' || !READS_AT_SAMPLE_TIME) {
+    t.skip(`the service publishes in ${service.mode} mode on Node ${process.version}`);
+    return;
+  }
+  const out = path.join(tmp, 'gc.jsonl');
+  const run = profile(service.pid, ['--hz', String(HZ), '--format', 'jsonl', '-o', out]);
+  await attached();
+  service.child.stdin.write('go gc\n');
+  const items = await itemsUntilDone(service.lines);
+  run.child.kill('SIGINT');
+  const { code, stderr } = await run.done;
+  assert.strictEqual(code, 0, stderr);
+  const samples = readJsonl(out);
+  const inPause = items.filter((i) => i.end < i.gcEnd);
+  t.diagnostic(`${inPause.length} of ${items.length} items ended inside the pause (${items.map((i) => ((i.gcEnd - i.gcStart) / 1e6).toFixed(1)).join(', ')} ms)`);
+  assert.ok(inPause.length >= items.length / 2, 'too few items ended inside a GC pause to test the case');
+  const score = tally();
+  for (const item of inPause) {
+    for (const s of samples) if (s.tid === item.tid && item.start <= s.t_ns && s.t_ns <= item.end) score.add(s, item.spanId);
+  }
+  assertAccurate('items that ended inside a GC pause', score, 10, (m) => t.diagnostic(m));
+  const [, filled, unread] = stderr.match(/\((\d+) of the (\d+) taken while a GC kept it unreadable/) ?? [];
+  t.diagnostic(`samples a GC hid: ${filled} of ${unread} given their item's span`);
+  assert.ok(Number(unread) >= 10 && Number(filled) === Number(unread), stderr);
+});
 
 test('pprof and folded outputs mark pool samples; --no-threadpool turns it off', { skip: skip ?? false, timeout: 240000 }, async (t) => {
   const addon = buildAddon();
