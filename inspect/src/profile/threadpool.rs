@@ -158,9 +158,7 @@ impl ItemStart {
 /// that direct call with the rest of the site; `None` unless exactly one
 /// such call is found.
 fn item_start_in(code: &[u8], ip: u64) -> Option<(u64, u8, i32, u16)> {
-    let insns: Vec<Instruction> = Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
-        .into_iter()
-        .collect();
+    let insns: Vec<Instruction> = instructions(code, ip).collect();
     let mut found = None;
     for (i, call) in insns.iter().enumerate() {
         if call.mnemonic() != Mnemonic::Call
@@ -205,9 +203,7 @@ fn item_start_in(code: &[u8], ip: u64) -> Option<(u64, u8, i32, u16)> {
 /// passes (`mov esi, index` before it). `None` unless there is such a call
 /// and all of them pass the same index.
 fn frame_field_in(code: &[u8], ip: u64, set_internal_field: u64) -> Option<u32> {
-    let insns: Vec<Instruction> = Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
-        .into_iter()
-        .collect();
+    let insns: Vec<Instruction> = instructions(code, ip).collect();
     let mut found = None;
     for (i, call) in insns.iter().enumerate() {
         if call.mnemonic() != Mnemonic::Call
@@ -264,6 +260,11 @@ fn emulated(insn: &Instruction) -> bool {
     }
 }
 
+/// x86-64 `code` loaded at `ip`, decoded.
+fn instructions(code: &[u8], ip: u64) -> impl Iterator<Item = Instruction> + '_ {
+    Decoder::with_ip(64, code, ip, DecoderOptions::NONE).into_iter()
+}
+
 /// A branch to an address encoded in the instruction itself.
 fn direct(insn: &Instruction) -> bool {
     insn.op0_kind() == OpKind::NearBranch64
@@ -274,10 +275,7 @@ fn direct(insn: &Instruction) -> bool {
 /// after leading instructions that write nothing but the flags (`endbr64`,
 /// `test`, `cmp`: the arguments are still untouched there).
 fn emulated_entry(code: &[u8], ip: u64) -> u64 {
-    for insn in Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
-        .into_iter()
-        .take(4)
-    {
+    for insn in instructions(code, ip).take(4) {
         if emulated(&insn) {
             return insn.ip() - ip;
         }
