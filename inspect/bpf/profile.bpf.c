@@ -893,6 +893,15 @@ struct item_resource {
 	bool napi;
 };
 
+// Reads the async id of resource `r` (its object and kind) into `id`;
+// whether it could.
+static __always_inline bool read_async_id(const struct pool_plan *plan,
+					  const struct item_resource *r, __u64 *id)
+{
+	return !read_word(id, r->object + (r->napi ? plan->async_resource_id_offset :
+						     plan->async_wrap_id_offset));
+}
+
 static __always_inline bool item_resource(const struct pool_plan *plan, __u64 w,
 					  struct item_resource *r)
 {
@@ -922,10 +931,7 @@ static __always_inline bool item_resource(const struct pool_plan *plan, __u64 w,
 		r->napi = plan->napi_work_vptr && !read_word(&object_vptr, r->object) &&
 			  object_vptr == plan->napi_work_vptr;
 	}
-	if (!r->object)
-		return false;
-	return !read_word(&r->async_id, r->object + (r->napi ? plan->async_resource_id_offset :
-								plan->async_wrap_id_offset));
+	return r->object && read_async_id(plan, r, &r->async_id);
 }
 
 // The AsyncContextFrame (tagged) the resource was made in, or 0. Reads V8's
@@ -1086,10 +1092,7 @@ static __always_inline bool request_not_done(const struct pool_plan *plan, __u64
 		return item_resource(plan, w, &now) && now.object == kept->object &&
 		       now.async_id == kept->async_id;
 	return item_awaiting_completion(w, plan->wq_offset) &&
-	       !read_word(&now.async_id, kept->object + (kept->napi ?
-								 plan->async_resource_id_offset :
-								 plan->async_wrap_id_offset)) &&
-	       now.async_id == kept->async_id;
+	       read_async_id(plan, kept, &now.async_id) && now.async_id == kept->async_id;
 }
 
 static long read_pending_item(__u64 index, __u32 *tgid)
