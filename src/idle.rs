@@ -83,6 +83,9 @@ unsafe extern "C" fn on_prepare(handle: *mut UvHandle) {
     unsafe {
         let record = *(handle as *mut *mut ThreadContextRecord);
         record::invalidate(record);
+        // Record mode points the variable at span records; idle, it points
+        // back at the thread's own record, now invalid.
+        crate::tls::point_at(record);
     }
 }
 

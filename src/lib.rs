@@ -11,6 +11,7 @@ mod frame;
 mod idle;
 mod record;
 mod registry;
+mod span_slab;
 mod tls;
 mod view;
 
@@ -143,6 +144,14 @@ pub fn record_buffer(env: &Env) -> Result<Object<'_>> {
     view::get_or_create(env, slot)
 }
 
+/// The calling thread's `otel_thread_ctx_v1` as an 8-byte `ArrayBuffer`:
+/// record mode points it at the active span's record with one store.
+#[napi]
+pub fn record_pointer_buffer(env: &Env) -> Result<Object<'_>> {
+    current_slot(env)?;
+    view::pointer_buffer(env)
+}
+
 /// Writes a record image (header, then attributes) into the calling
 /// thread's record: the writer for environments without external
 /// `ArrayBuffer`s, where `recordBuffer()` fails.
@@ -256,33 +265,44 @@ fn frame_error<T>(message: String) -> Result<T> {
     Err(Error::new(Status::GenericFailure, message))
 }
 
-/// A zeroed slab of `size` bytes for span records, as an external
-/// `ArrayBuffer`, freed when V8 finalizes the buffer.
+/// A zeroed slab of `size` bytes for span records (both modes), as an
+/// external `ArrayBuffer`, unmapped when V8 finalizes the buffer.
 #[napi]
-pub fn frame_span_record(env: &Env, size: u32) -> Result<Object<'_>> {
-    if !frame::span_record::size_is_valid(size as usize) {
+pub fn span_record_slab(env: &Env, size: u32) -> Result<Object<'_>> {
+    if !span_slab::size_is_valid(size as usize) {
         return args::range_error(
             env,
             &format!(
                 "a span record slab is {HEADER_SIZE} to {} bytes",
-                frame::span_record::MAX_SLAB_BYTES
+                span_slab::MAX_SLAB_BYTES
             ),
         );
     }
     // SAFETY: `env` is this callback's env and the size was checked.
-    match unsafe { frame::span_record::create(env.raw(), size as usize) } {
+    match unsafe { span_slab::create(env.raw(), size as usize) } {
         Ok(value) => Ok(Object::from_raw(env.raw(), value)),
         Err(status) => Err(Error::new(
             Status::from(status),
-            "cannot allocate a span record".to_owned(),
+            "cannot allocate a span record slab".to_owned(),
         )),
     }
 }
 
 /// Span record slabs allocated and not yet finalized, process-wide.
 #[napi]
-pub fn frame_span_records() -> u32 {
-    frame::span_record::live() as u32
+pub fn span_record_slabs() -> u32 {
+    span_slab::live() as u32
+}
+
+/// The address of an `ArrayBuffer`'s memory (a slab's, or the thread's
+/// record), as a number: user-space addresses are below 2^47, so exact.
+#[napi]
+pub fn buffer_address(env: &Env, buffer: Object) -> Result<f64> {
+    // SAFETY: `buffer` is a live handle of this callback.
+    match unsafe { span_slab::address(env.raw(), buffer.raw()) } {
+        Some(address) => Ok(address as f64),
+        None => args::type_error(env, "The \"buffer\" argument must be an ArrayBuffer"),
+    }
 }
 
 /// Offsets from the isolate of the words that hold an AsyncContextFrame
@@ -301,7 +321,7 @@ pub fn frame_record_offset_candidates(
     buffer: Unknown,
 ) -> Result<Vec<u32>> {
     // SAFETY: live handles of this callback.
-    let Some(address) = (unsafe { frame::span_record::address(env.raw(), buffer.raw()) }) else {
+    let Some(address) = (unsafe { span_slab::address(env.raw(), buffer.raw()) }) else {
         return args::type_error(env, "The \"buffer\" argument must be an ArrayBuffer");
     };
     // SAFETY: as above.
@@ -321,7 +341,7 @@ pub fn frame_verify(
     record_offset: u32,
 ) -> Result<()> {
     // SAFETY: live handles of this callback.
-    let Some(address) = (unsafe { frame::span_record::address(env.raw(), buffer.raw()) }) else {
+    let Some(address) = (unsafe { span_slab::address(env.raw(), buffer.raw()) }) else {
         return args::type_error(env, "The \"buffer\" argument must be an ArrayBuffer");
     };
     let record = address + u64::from(byte_offset);

@@ -1,5 +1,7 @@
-//! The one external `ArrayBuffer` per thread that views its record, for the
-//! allocation-free JavaScript writer (`js/record-view.js`).
+//! The external `ArrayBuffers` per thread for the allocation-free
+//! JavaScript writers: one views the thread's own record
+//! (`js/record-view.js`), one its `otel_thread_ctx_v1` variable, which
+//! record mode points at the active span's record (`js/publish/record.js`).
 
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -19,6 +21,49 @@ thread_local! {
     /// Dropping it does not delete it (`false`: no leak check either):
     /// Node deletes the references of a torn-down env itself.
     static BUFFER: RefCell<Option<ObjectRef<false>>> = const { RefCell::new(None) };
+    /// The same for the view of the thread's `otel_thread_ctx_v1`.
+    static POINTER: RefCell<Option<ObjectRef<false>>> = const { RefCell::new(None) };
+}
+
+/// This thread's `otel_thread_ctx_v1` as an 8-byte external `ArrayBuffer`
+/// (the same one on every call). JavaScript stores a record's address into
+/// it with one aligned 8-byte store, which a sampler interrupting the thread
+/// sees whole or not at all.
+pub fn pointer_buffer(env: &Env) -> Result<Object<'_>> {
+    if let Some(existing) = POINTER.with_borrow(|buffer| buffer.as_ref().map(|r| r.get_value(env)))
+    {
+        return existing;
+    }
+    if std::env::var_os(SIMULATE_NO_EXTERNAL_BUFFERS).is_some() {
+        return Err(Error::new(
+            Status::NoExternalBuffersAllowed,
+            format!("external buffers are not allowed ({SIMULATE_NO_EXTERNAL_BUFFERS} is set)"),
+        ));
+    }
+    let mut value = std::ptr::null_mut();
+    // SAFETY: the variable is this thread's and lives as long as the thread;
+    // the buffer belongs to this thread's env, which is torn down (and its
+    // buffers with it) before the thread exits. No finalizer: nothing to free.
+    let status = unsafe {
+        sys::napi_create_external_arraybuffer(
+            env.raw(),
+            crate::tls::variable_address() as *mut c_void,
+            std::mem::size_of::<usize>(),
+            None,
+            std::ptr::null_mut(),
+            &mut value,
+        )
+    };
+    if status != sys::Status::napi_ok {
+        return Err(Error::new(
+            Status::from(status),
+            "cannot create the record pointer view".to_owned(),
+        ));
+    }
+    let buffer = Object::from_raw(env.raw(), value);
+    let reference = buffer.create_ref::<false>()?;
+    POINTER.with_borrow_mut(|b| *b = Some(reference));
+    Ok(buffer)
 }
 
 pub fn get_or_create(env: &Env, slot: Slot) -> Result<Object<'_>> {
@@ -79,6 +124,7 @@ fn external_view(env: &Env, slot: Slot) -> Result<sys::napi_value> {
 /// Drops the strong reference at env teardown so V8 can finalize the buffer.
 pub fn forget() {
     BUFFER.with_borrow_mut(|b| *b = None);
+    POINTER.with_borrow_mut(|b| *b = None);
     // Node deletes every remaining reference of a torn-down env itself;
     // deleting it here would need the env, which cleanup hooks do not get.
 }

@@ -18,12 +18,12 @@
 //! - [`walk`]: the reader's walk;
 //! - [`discovery`]: finding the CPED slot and the record offset;
 //! - [`thread`]: the thread's `otel_thread_ctx_nodejs_v1` block ([`tls`]),
-//!   its global handle and the gate kept closed during moving GCs;
-//! - [`span_record`]: the per-span records.
+//!   its global handle and the gate kept closed during moving GCs.
+//!
+//! The per-span records the wrappers point at are `crate::span_slab`'s.
 
 pub mod discovery;
 mod memory;
-pub mod span_record;
 pub mod thread;
 pub mod tls;
 mod v8;

@@ -1,12 +1,17 @@
-//! Native memory for the per-span OTEP 4947 records, handed to JavaScript as
-//! external `ArrayBuffer`s, each a slab holding many records one after the
-//! other (the JS writer carves them out and fills them through typed
-//! arrays; a napi call per span would cost more than the rest of the span's
-//! publishing). A wrapper typed array over a record's bytes is what the
-//! manager's AsyncLocalStorage stores, and it keeps the whole slab alive, so
-//! a record stays allocated as long as any AsyncContextFrame can reach it:
-//! a slab is freed only by its buffer's finalizer, after V8 found the buffer
-//! and every view of it unreachable.
+//! Native memory for the per-span OTEP 4947 records of both publishing
+//! modes, handed to JavaScript as external `ArrayBuffer`s, each a slab
+//! holding many records one after the other (the JS writer carves them out
+//! and fills them through typed arrays; a napi call per span would cost
+//! more than the rest of the span's publishing).
+//!
+//! A slab is freed only by its buffer's finalizer, after V8 found the buffer
+//! and every view of it unreachable. Frame mode's wrappers are views of it,
+//! and record mode keeps the record the thread's `otel_thread_ctx_v1` points
+//! at reachable from JavaScript, so no reader can be led to freed memory.
+//!
+//! Slabs are private mappings marked `MADV_WIPEONFORK`, like the threads'
+//! own records: a child forked without exec reads zeroes (no span) where
+//! its parent's spans were, instead of a span it never ran.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,10 +32,11 @@ pub fn live() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
 
-unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, _hint: *mut c_void) {
-    // SAFETY: `data` came from `calloc` in `create` and V8 no longer
-    // references the buffer, so no frame can reach the record.
-    unsafe { libc::free(data) };
+unsafe extern "C" fn finalize(_env: sys::napi_env, data: *mut c_void, hint: *mut c_void) {
+    // SAFETY: `data` is the mapping `create` made, of the length passed as
+    // `hint`; V8 no longer references the buffer, so nothing can reach a
+    // record in it.
+    unsafe { libc::munmap(data, hint as usize) };
     // ORDER: as in `live`.
     LIVE.fetch_sub(1, Ordering::Relaxed);
 }
@@ -41,7 +47,7 @@ pub fn size_is_valid(size: usize) -> bool {
 }
 
 /// A zeroed (every record `valid = 0`) slab of `size` bytes as an external
-/// `ArrayBuffer`, freed when V8 finalizes the buffer.
+/// `ArrayBuffer`, page-aligned, freed when V8 finalizes the buffer.
 ///
 /// # Safety
 /// `env` must be the calling thread's live napi env; `size` must satisfy
@@ -50,16 +56,16 @@ pub unsafe fn create(env: sys::napi_env, size: usize) -> Result<sys::napi_value,
     if std::env::var_os(crate::view::SIMULATE_NO_EXTERNAL_BUFFERS).is_some() {
         return Err(sys::Status::napi_no_external_buffers_allowed);
     }
-    // Records need 2-byte alignment (OTEP 4947); calloc gives 16.
-    // SAFETY: plain allocation.
-    let data = unsafe { libc::calloc(1, size) };
-    if data.is_null() {
+    let Ok(data) = crate::anonymous_memory::map(size) else {
         return Err(sys::Status::napi_generic_failure);
-    }
+    };
+    // SAFETY: advice on the mapping just made; failure (an old kernel) only
+    // loses the fork behaviour.
+    unsafe { libc::madvise(data, size, libc::MADV_WIPEONFORK) };
     // ORDER: as in `live`.
     LIVE.fetch_add(1, Ordering::Relaxed);
     let mut value = std::ptr::null_mut();
-    // SAFETY: `data` is ours until the finalizer frees it; each allocation
+    // SAFETY: `data` is ours until the finalizer unmaps it; each mapping
     // gets exactly one buffer, so no two live external buffers share memory.
     let status = unsafe {
         sys::napi_create_external_arraybuffer(
@@ -67,13 +73,13 @@ pub unsafe fn create(env: sys::napi_env, size: usize) -> Result<sys::napi_value,
             data,
             size,
             Some(finalize),
-            std::ptr::null_mut(),
+            size as *mut c_void,
             &mut value,
         )
     };
     if status != sys::Status::napi_ok {
         // SAFETY: no buffer was made, so nothing else references `data`.
-        unsafe { libc::free(data) };
+        unsafe { libc::munmap(data, size) };
         LIVE.fetch_sub(1, Ordering::Relaxed);
         return Err(status);
     }
