@@ -98,8 +98,12 @@ test('the reader decodes, at the exported offsets, what the package wrote', (t) 
   const attributes = { [ROUTE]: '/users/:id', [TEXT]: longest };
   tracer.startActiveSpan('abi', { attributes }, (span) => {
     const ids = span.spanContext();
-    const { recordAddress } = threadInfo();
-    const bytes = readSelf(recordAddress, abi.record.size);
+    // What otel_thread_ctx_v1 points at now: record mode points it at the
+    // span's own record, sized to what it carries.
+    const { tlsValue: recordAddress } = threadInfo();
+    const head = readSelf(recordAddress, abi.record.headerSize);
+    const at = abi.record.offsets.attrsDataSize;
+    const bytes = readSelf(recordAddress, abi.record.headerSize + (os.endianness() === 'LE' ? head.readUInt16LE(at) : head.readUInt16BE(at)));
     const info = processContextInfo();
     const header = readSelf(info.mappingAddress, abi.processContext.headerSize);
     // The reader stops this thread while it is blocked here, in the span.

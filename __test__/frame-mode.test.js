@@ -160,16 +160,16 @@ test('span records are freed once nothing reaches them, and none is made per swi
       }
     };
     await settle();
-    const before = binding.frameSpanRecords();
+    const before = binding.spanRecordSlabs();
     const held = spanContextFor('held');
     for (let i = 0; i < 2000; i++) context.with(held.ctx, () => {});
-    assert.ok(binding.frameSpanRecords() - before <= 1, 'switching into one span makes at most its one record');
+    assert.ok(binding.spanRecordSlabs() - before <= 1, 'switching into one span makes at most its one record');
     for (let i = 0; i < 5000; i++) {
       const { ctx } = spanContextFor(`churn${i}`);
       context.with(ctx, () => {});
     }
     await settle();
-    assert.ok(binding.frameSpanRecords() - before < 100, `records left: ${binding.frameSpanRecords() - before}`);
+    assert.ok(binding.spanRecordSlabs() - before < 100, `records left: ${binding.spanRecordSlabs() - before}`);
   } finally {
     manager.disable();
     context.disable();

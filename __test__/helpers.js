@@ -25,6 +25,30 @@ function readRecord(pid, address) {
   }
 }
 
+/** The pointer `otel_thread_ctx_v1` holds, read from `pid`'s memory at the variable's address. */
+function readPointer(pid, tlsAddress) {
+  const fd = fs.openSync(`/proc/${pid}/mem`, 'r');
+  try {
+    const buf = Buffer.alloc(8);
+    const n = fs.readSync(fd, buf, 0, 8, BigInt(tlsAddress));
+    if (n !== 8) throw new Error(`short read of otel_thread_ctx_v1 at ${tlsAddress}: ${n}`);
+    return buf.readBigUInt64LE(0);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/**
+ * What an OTEP 4947 reader reads for a thread of `pid` whose
+ * `otel_thread_ctx_v1` is at `tlsAddress`: the record its pointer points
+ * at now (record mode points it at the active span's record), or
+ * NO_RECORD when the pointer is NULL.
+ */
+function readRecordVia(pid, tlsAddress) {
+  const pointer = readPointer(pid, tlsAddress);
+  return pointer === 0n ? NO_RECORD : readRecord(pid, pointer);
+}
+
 /** A decoded header that publishes nothing (what a reader reports when a walk finds no record). */
 const NO_RECORD = Object.freeze({ traceId: '0'.repeat(32), spanId: '0'.repeat(16), valid: 0, traceFlags: 0, attrsDataSize: 0 });
 
@@ -37,7 +61,7 @@ const NO_RECORD = Object.freeze({ traceId: '0'.repeat(32), spanId: '0'.repeat(16
 function ownRecordAddress() {
   const { threadInfo } = require(ROOT);
   const info = threadInfo();
-  if (info.mode !== 'frame') return info.recordAddress;
+  if (info.mode !== 'frame') return info.tlsValue === 0n ? null : info.tlsValue;
   return require('../js/binding').frameWalk().record ?? null;
 }
 
@@ -49,7 +73,7 @@ function ownRecordAddress() {
  * /proc/self/mem. Frame mode's walk is the package's own non-faulting one.
  */
 function readThreadRecord(info) {
-  if (info.mode !== 'frame') return readRecord('self', info.recordAddress);
+  if (info.mode !== 'frame') return readRecordVia('self', info.tlsAddress);
   const { record } = require('../js/binding').frameWalkAt(BigInt(info.frame.tlsAddress));
   return record == null ? NO_RECORD : readRecord('self', record);
 }
@@ -72,14 +96,14 @@ function readRunningThreadRecord(info, tries = 200) {
 }
 
 /**
- * What a profiler reads for thread `th` (`{ tid, mode, recordAddress }` as
+ * What a profiler reads for thread `th` (`{ tid, mode, tlsAddress }` as
  * the target printed them) of process `pid`, from outside: the OTEP 4947
- * record through /proc/<pid>/mem in record mode; in frame mode, what the
+ * record its pointer points at, through /proc/<pid>/mem, in record mode; in frame mode, what the
  * reader CLI's walk of the Node.js schema finds (`inspect --json`), with
  * `reason` saying why there is no span.
  */
 function readFromOutside(pid, th) {
-  if (th.mode !== 'frame') return readRecord(pid, th.recordAddress);
+  if (th.mode !== 'frame') return th.tlsAddress === undefined ? readRecord(pid, th.recordAddress) : readRecordVia(pid, th.tlsAddress);
   const reader = require('../js/native').readerPath();
   if (reader === null) throw new Error('the reader CLI is not built (npm run build)');
   const r = require('node:child_process').spawnSync(reader, ['inspect', '--pid', String(pid), '--json'], { encoding: 'utf8' });
@@ -196,4 +220,4 @@ function readFullRecord(pid, address) {
   }
 }
 
-module.exports = { ROOT, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable };
+module.exports = { ROOT, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable };

@@ -7,7 +7,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { execFileSync } = require('node:child_process');
-const { readFromOutside, spawnNode, exited } = require('./helpers');
+const { readFromOutside, readPointer, spawnNode, exited } = require('./helpers');
 
 const FIXTURE = path.join(__dirname, 'fixtures', 'parked-threads.js');
 
@@ -58,7 +58,9 @@ test('main thread and two workers, each blocked inside its own span, read from o
       // Between callbacks V8's current frame is undefined: nothing to walk.
       assert.strictEqual(r.reason, 'no-frame', `thread ${th.tid}`);
     } else {
-      assert.strictEqual(r.spanId, th.spanId, 'the span was published before the loop went idle');
+      // The idle loop pointed otel_thread_ctx_v1 back at the thread's own
+      // record, away from the span's record it pointed at in the span.
+      assert.strictEqual(readPointer(child.pid, th.tlsAddress), BigInt(th.recordAddress), `thread ${th.tid}`);
     }
     for (let i = 0; i < 5; i++) assert.strictEqual(readFromOutside(child.pid, th).valid, 0);
   }
@@ -84,7 +86,7 @@ for (const [name, blockingCall] of Object.entries(blockingCases)) {
       setTimeout(() => context.with(trace.setSpanContext(context.active(), sc), async () => {
         await null;
         const info = threadInfo();
-        console.log(JSON.stringify({ tid: info.tid, mode: info.mode, recordAddress: info.recordAddress.toString() }));
+        console.log(JSON.stringify({ tid: info.tid, mode: info.mode, recordAddress: info.recordAddress.toString(), tlsAddress: info.tlsAddress.toString() }));
         ${blockingCall};
       }), 1);`;
     const { child, lines } = await spawnNode(script, { env: { FIFO: fifo } });

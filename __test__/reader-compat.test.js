@@ -135,7 +135,7 @@ test('every configured attribute key is in the key map from enable() on, before 
     const tracer = new BasicTracerProvider().getTracer('keys');
     const span = tracer.startSpan('request', { attributes: { 'user.id': 'u-7', 'http.route': '/users/:id' } });
     context.with(trace.setSpan(context.active(), span), () => {
-      out({ phase: 'in-span', record: otc.threadInfo().recordAddress, info: otc.processContextInfo() });
+      out({ phase: 'in-span', record: otc.threadInfo().tlsValue, info: otc.processContextInfo() });
       waitForInput();
     });
   `,

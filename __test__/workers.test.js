@@ -25,7 +25,7 @@ const WORKER = `
   const sc = { traceId: workerData.traceId, spanId: workerData.spanId, traceFlags: 1 };
   context.with(trace.setSpanContext(context.active(), sc), () => {
     const info = threadInfo();
-    parentPort.postMessage({ tid: info.tid, slot: info.slot, recordAddress: info.recordAddress, mode: info.mode, frame: info.frame });
+    parentPort.postMessage({ tid: info.tid, slot: info.slot, recordAddress: info.recordAddress, tlsAddress: info.tlsAddress, mode: info.mode, frame: info.frame });
     // Parked inside the span until the test has read the record, then
     // exits from inside it: only teardown can invalidate the record.
     Atomics.wait(workerData.release, 0, 0, 30000);
@@ -110,7 +110,7 @@ const TERMINATED = `
   const sc = { traceId: workerData.traceId, spanId: workerData.spanId, traceFlags: 1 };
   context.with(trace.setSpanContext(context.active(), sc), () => {
     const info = threadInfo();
-    parentPort.postMessage({ recordAddress: info.recordAddress, mode: info.mode, frame: info.frame });
+    parentPort.postMessage({ recordAddress: info.recordAddress, tlsAddress: info.tlsAddress, mode: info.mode, frame: info.frame });
     if (workerData.mode === 'wait') Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0);
     else for (;;) Math.sqrt(Math.random());
   });

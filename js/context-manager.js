@@ -1,15 +1,18 @@
 'use strict';
 // ProfilingContextManager: the stock AsyncLocalStorageContextManager, plus
 // publishing this thread's active span for out-of-process profilers, in one
-// of two modes (one module each, behind the same activate/deactivate/
-// spanEnded interface):
+// of two modes (one module each, behind the same activate/deactivate
+// interface):
 // - frame (./publish/frame.js): the Node.js schema `nodejs_v1_dev`; the
 //   AsyncLocalStorage stores a wrapper over the span's native record and a
 //   profiler walks V8's AsyncContextFrame to it: nothing runs per async
 //   switch. Only where AsyncLocalStorage runs on AsyncContextFrame and the
 //   reader's walk verified on the running Node.
 // - record (./publish/record.js): the OTEP 4947 record behind
-//   `otel_thread_ctx_v1`, kept current on every switch (hooks).
+//   `otel_thread_ctx_v1`, pointed at the active span's record on every
+//   switch (hooks).
+// Both publish the span's own native record (./span-records.js), written
+// once per span and kept current in place.
 // Default: frame where it verifies, else record; the `mode` option or
 // OTEL_THREAD_CTX_MODE chooses explicitly.
 
@@ -20,7 +23,7 @@ const recordMode = require('./publish/record');
 const frameMode = require('./publish/frame');
 const { schemaFromOptions } = require('./span-attributes');
 
-const { NO_SPAN, publishContext, republish } = recordMode;
+const { publishContext, republish } = recordMode;
 const MODES = ['record', 'frame'];
 const MODE_VARIABLE = 'OTEL_THREAD_CTX_MODE';
 
@@ -146,12 +149,6 @@ function updatePublisher() {
   }
 }
 
-/** Stops publishing `span` at once as it ends (ProcessContextSpanProcessor.onEnd). Cannot throw. */
-function spanEnded(span) {
-  recordMode.spanEnded(span);
-  frameMode.spanEnded(span);
-}
-
 /** The mode the calling thread publishes in (`null` while no manager is enabled), and why not frame. */
 function publishingMode() {
   return { mode: publisher === null ? null : publisher._frame ? 'frame' : 'record', frameUnavailableReason };
@@ -230,16 +227,12 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     // Frame mode: one run() with the context's wrapper, nothing else.
     if (this._frame) return this._asyncLocalStorage.run(frameMode.wrapperFor(context), cb, ...args);
     if (!this._publishing) return this._asyncLocalStorage.run(context, cb, ...args);
-    const outer = recordMode.publishedEntry();
+    const outer = recordMode.publishedRecord();
     publishContext(context);
     try {
       return this._asyncLocalStorage.run(context, cb, ...args);
     } finally {
-      // Leaving to no span (a with() at the root, as a request's first
-      // is) needs no freshness check and no record write but the tail
-      // word's: one call less, on the exit every request takes.
-      if (outer === NO_SPAN) recordMode.publishNoSpan();
-      else republish(outer);
+      republish(outer);
     }
   }
 
@@ -278,4 +271,4 @@ function attachWrapper(storage, wrapper) {
   return token;
 }
 
-module.exports = { ProfilingContextManager, spanEnded, publishingMode };
+module.exports = { ProfilingContextManager, publishingMode };

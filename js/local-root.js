@@ -5,15 +5,16 @@
 // that the records of the whole tree publish, so a sample taken in a child
 // span still says which endpoint it serves.
 //
-// Nothing here runs per context switch. A LocalRoot's `version` changes
-// when its endpoint attributes change; a cached encoding remembers the
-// version it was encoded at, and the freshness check that already runs
-// when a context is resumed compares the two (one load, one compare).
+// Nothing here runs per context switch, and nothing observable is added to
+// spans: a span's LocalRoot is held in a private field (./hidden-state.js). A LocalRoot's `version`
+// changes when its endpoint attributes change, and the records of its tree
+// are rewritten then (./span-records.js), since a frame resumes without
+// running anything.
 //
 // Which span is the local root:
 // - exactly, from ProcessContextSpanProcessor.onStart (it is given the
 //   parent context);
-// - otherwise, when a span is first encoded: its parent is the active
+// - otherwise, when a span is first published: its parent is the active
 //   span at that moment when their ids match (startActiveSpan, and
 //   `context.with(trace.setSpan(...))` as instrumentations do); a span whose
 //   local parent cannot be found is its own local root.
@@ -24,13 +25,14 @@
 // server span only as the response ends).
 
 const { context: contextApi, trace } = require('@opentelemetry/api');
-const { methodObserver } = require('./span-methods');
+const { privateSlot } = require('./hidden-state');
 
-const kLocalRoot = Symbol('otel-thread-ctx.local-root');
+/** Each span's LocalRoot, once found, in a private field of the span. */
+const roots = privateSlot();
 
 /** The endpoint keys (set by the publishing manager's schema). */
 let endpointKeys = [];
-/** Called after a LocalRoot's endpoint changed (the publishing mode's). */
+/** Called after a LocalRoot's endpoint changed (./span-records.js). */
 let changed = null;
 
 /** A value as published text, or undefined when it is not publishable. */
@@ -58,11 +60,9 @@ class LocalRoot {
     this.values = null;
     /** Keys whose value came from the local root itself (it then wins); null until one did. */
     this.fromRoot = null;
-    /** Its entries as the publishing schema encodes them, per version (span-attributes.js). */
-    this.encoded = null;
     /** The span id as published bytes (set at its first encoding). */
     this.spanIdBytes = undefined;
-    /** Frame mode: the live records of the tree, rewritten on a change. */
+    /** The first of the live records of the tree, linked through `nextInTree` (./span-records.js). */
     this.records = null;
   }
 
@@ -78,7 +78,8 @@ class LocalRoot {
       if (attributes === null || typeof attributes !== 'object') return;
       const own = span === this.span;
       let bumped = false;
-      for (const key of endpointKeys) {
+      for (let i = 0; i < endpointKeys.length; i++) {
+        const key = endpointKeys[i];
         const text = attributeText(attributes[key]);
         if (text === undefined || (!own && this.fromRoot !== null && this.fromRoot.has(key))) continue;
         if (own) (this.fromRoot ??= new Set()).add(key);
@@ -96,13 +97,18 @@ class LocalRoot {
   }
 }
 
-/** The parent span id of an SDK span (2.x: parentSpanContext, 1.x: parentSpanId), with whether it is remote. */
-function parentOf(span) {
+/**
+ * The parent span context of an SDK span (2.x: parentSpanContext, 1.x:
+ * parentSpanId), or null: `{ spanId, isRemote }` as the SDK holds it, or
+ * the 1.x id string. Allocates nothing.
+ */
+function parentIdOf(span) {
   const parent = span.parentSpanContext;
   if (typeof parent === 'object' && parent !== null) {
-    return typeof parent.spanId === 'string' ? { spanId: parent.spanId, remote: parent.isRemote === true } : null;
+    return typeof parent.spanId === 'string' && parent.isRemote !== true ? parent.spanId : null;
   }
-  return typeof span.parentSpanId === 'string' && span.parentSpanId !== '' ? { spanId: span.parentSpanId, remote: false } : null;
+  const id = span.parentSpanId;
+  return typeof id === 'string' && id !== '' ? id : null;
 }
 
 function spanIdOf(span) {
@@ -110,29 +116,38 @@ function spanIdOf(span) {
   return typeof sc === 'object' && sc !== null && typeof sc.spanId === 'string' ? sc.spanId.toLowerCase() : '';
 }
 
+/** Whether hex ids `a` (lowercase) and `b` (any case) are the same. */
+function sameId(a, b) {
+  return a === b || a === b.toLowerCase();
+}
+
 function assign(span, root) {
-  if (Object.isExtensible(span)) span[kLocalRoot] = root;
-  observeSpanClass(span);
+  roots.set(span, root);
   root.note(span);
   return root;
 }
 
 /**
- * The LocalRoot of `span`, found (and cached on it) the first time.
- * `parentSpan` is the span of the context it started in when known (the
- * span processor's), else undefined: the active span is tried.
+ * The LocalRoot of `span`, found the first time. `parentSpan` is the span
+ * of the context it started in when known (the span processor's), else
+ * undefined: the active span is tried.
  */
 function localRootOf(span, parentSpan) {
-  const cached = span[kLocalRoot];
+  const cached = roots.get(span);
   if (cached !== undefined) return cached;
-  const parent = parentOf(span);
-  if (parent !== null && !parent.remote) {
+  const parentId = parentIdOf(span);
+  if (parentId !== null) {
     const candidate = parentSpan !== undefined ? parentSpan : trace.getSpan(contextApi.active());
-    if (candidate !== undefined && candidate !== span && typeof candidate?.spanContext === 'function' && spanIdOf(candidate) === parent.spanId.toLowerCase()) {
+    if (candidate !== undefined && candidate !== null && candidate !== span && typeof candidate.spanContext === 'function' && sameId(spanIdOf(candidate), parentId)) {
       return assign(span, localRootOf(candidate, null));
     }
   }
   return assign(span, new LocalRoot(span, spanIdOf(span)));
+}
+
+/** The LocalRoot of `span` if one was found already, else undefined. */
+function knownLocalRoot(span) {
+  return roots.get(span);
 }
 
 /** ProcessContextSpanProcessor.onStart: the exact parent. Cannot throw. */
@@ -146,26 +161,11 @@ function spanStarted(span, parentContext) {
   }
 }
 
-function afterEndpointChange(span) {
-  try {
-    const root = span?.[kLocalRoot];
-    if (root !== undefined) root.note(span);
-  } catch {
-    // A Proxy span: its endpoint is read at its next encoding.
-  }
+/** Whether `key` is one of the endpoint keys. */
+function isEndpointKey(key) {
+  for (let i = 0; i < endpointKeys.length; i++) if (endpointKeys[i] === key) return true;
+  return false;
 }
-
-/**
- * Makes `setAttribute()`/`setAttributes()` of `span`'s class pass new
- * endpoint values to the span's LocalRoot at once, so samples taken after
- * a late `http.route` carry it. Once per prototype (./span-methods.js); a
- * class that cannot be patched keeps the values its spans had when first
- * seen.
- */
-const observeSpanClass = methodObserver([
-  ['setAttribute', afterEndpointChange],
-  ['setAttributes', afterEndpointChange],
-]);
 
 /** Sets the endpoint keys (a new publishing schema) and the change listener. */
 function configure(keys, onChange) {
@@ -173,4 +173,4 @@ function configure(keys, onChange) {
   changed = onChange;
 }
 
-module.exports = { localRootOf, spanStarted, configure, attributeText };
+module.exports = { localRootOf, knownLocalRoot, spanStarted, configure, attributeText, isEndpointKey };

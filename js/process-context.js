@@ -10,7 +10,7 @@
 const { diag } = require('@opentelemetry/api');
 const binding = require('./binding');
 const { spanStarted } = require('./local-root');
-const { spanEnded } = require('./context-manager');
+const { spanEnded } = require('./span-records');
 
 /** Deepest nesting the native side accepts (src/process_context/js.rs). */
 const MAX_DEPTH = 8;

@@ -1,10 +1,11 @@
 'use strict';
-// The calling thread's OTEP 4947 record, written from JavaScript through a
-// typed-array view over the native record: no napi call, no allocation, no
-// syscall per write. Layout: abi/ (through ./abi); protocol: src/record.rs.
-//
-// Entries (the bytes of one span context) are built once per span and
-// reused, so a context switch copies seven words.
+// The calling thread's own OTEP 4947 record (the direct API writes it) and
+// its `otel_thread_ctx_v1` pointer (record mode points it at span records:
+// ./publish/record.js), written from JavaScript through typed-array views
+// over native memory: no napi call, no allocation, no syscall per write.
+// Also the decoding every writer shares: a span context's hex ids into the
+// record's words, its flags, the record's tail word. Layout: abi/ (through
+// ./abi); protocol: src/record.rs.
 
 const { diag } = require('@opentelemetry/api');
 const abi = require('./abi');
@@ -25,25 +26,48 @@ const OFFSET_ATTRS_DATA = offsets.attrsData;
 const TAIL_INDEX_U32 = OFFSET_VALID / 4; // valid, trace_flags, attrs_data_size
 const RECORD_SIZE = abi.record.size;
 
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+const pointerScratch = new Float64Array(1);
+const pointerHalves = new Uint32Array(pointerScratch.buffer);
+
 /**
- * Why the record cannot be viewed directly, or null. Where the runtime
- * forbids external ArrayBuffers (V8 sandbox builds), the writers below
- * build the record in a buffer of their own and copy it through a napi
- * call: slower, same protocol.
+ * The 8 bytes of pointer `address` (a number: user-space addresses are
+ * below 2^47, so exact) as the double with the same bits, which a
+ * Float64Array stores in one aligned 8-byte store. Such doubles are
+ * subnormal, never NaN, so JavaScript keeps their bits exactly.
+ */
+function pointerBits(address) {
+  const low = address % 0x100000000;
+  const high = (address - low) / 0x100000000;
+  pointerHalves[LITTLE_ENDIAN ? 0 : 1] = low;
+  pointerHalves[LITTLE_ENDIAN ? 1 : 0] = high;
+  return pointerScratch[0];
+}
+
+/**
+ * Why the record and its pointer cannot be viewed directly, or null. Where
+ * the runtime forbids external ArrayBuffers (V8 sandbox builds), the
+ * writers build the record in a buffer of their own and copy it through a
+ * napi call: slower, same protocol.
  */
 let noViewReason = null;
 let buffer;
+/** The thread's `otel_thread_ctx_v1` as one double (pointerBits), or null. */
+let pointer = null;
+/** pointerBits() of the thread's own record. */
+let ownRecordBits = 0;
 try {
   buffer = binding.recordBuffer();
+  pointer = new Float64Array(binding.recordPointerBuffer());
+  ownRecordBits = pointerBits(binding.bufferAddress(buffer));
 } catch (error) {
   noViewReason = error;
+  pointer = null;
   buffer = new ArrayBuffer(RECORD_SIZE);
 }
 const bytes = new Uint8Array(buffer);
 const words = new Uint32Array(buffer, 0, TAIL_INDEX_U32 + 1);
 const ids = new DataView(buffer, 0, OFFSET_VALID);
-
-const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
 /**
  * Bytes 24..27 as one host-endian word: valid = 1, trace_flags, and
@@ -66,53 +90,6 @@ function validFlags(traceFlags) {
   if (traceFlags === undefined) return 0;
   return typeof traceFlags === 'number' && (traceFlags & 0xff) === traceFlags ? traceFlags : -1;
 }
-
-/**
- * The entries the record held most recently, by slot (slot 0: NO_SPAN).
- * The writer remembers which entry the record holds as a slot number, not
- * as an object: storing a short-lived object into a long-lived one costs a
- * write barrier, at every context switch. A slot's entry is replaced only
- * when another entry with the same slot is published, so the ring keeps at
- * most RING_SIZE - 1 entries (and their spans) alive beyond their use.
- */
-const RING_SIZE = 256;
-const ring = [];
-let lastSlot = 0;
-
-/** The next entry's slot, round-robin over 1..RING_SIZE - 1. */
-function nextSlot() {
-  lastSlot = lastSlot === RING_SIZE - 1 ? 1 : lastSlot + 1;
-  return lastSlot;
-}
-
-/** The bytes one span context publishes, in host-endian words ready to store. */
-class RecordEntry {
-  constructor(valid, w0, w1, w2, w3, w4, w5, traceFlags, schema = null, attributes = null) {
-    /** Where the writer keeps it while the record holds its bytes (0 for NO_SPAN). */
-    this.slot = valid === 0 ? 0 : nextSlot();
-    this.valid = valid;
-    this.w0 = w0;
-    this.w1 = w1;
-    this.w2 = w2;
-    this.w3 = w3;
-    this.w4 = w4;
-    this.w5 = w5;
-    this.traceFlags = traceFlags;
-    /** The AttributeSchema `attributes` was encoded for (null: none). */
-    this.schema = schema;
-    /** EncodedAttributes (js/span-attributes.js) or null. */
-    this.attributes = attributes;
-    this.attrsSize = attributes === null ? 0 : attributes.bytes.length;
-    /** Bytes 24..27 as published; 0 (valid = 0) for NO_SPAN. */
-    this.tail = valid === 0 ? 0 : tailWord(traceFlags, this.attrsSize);
-    /** The span these bytes are of (set by the manager; null for NO_SPAN). */
-    this.span = null;
-  }
-}
-
-/** Publishes nothing: the record reads invalid. */
-const NO_SPAN = Object.freeze(new RecordEntry(0, 0, 0, 0, 0, 0, 0, 0));
-for (let i = 0; i < RING_SIZE; i++) ring.push(NO_SPAN);
 
 /** Each hex digit's value by character code (either case, as the API accepts); -1 for the rest. */
 const HEX_VALUE = new Int8Array(256).fill(-1);
@@ -206,118 +183,42 @@ function decodeIds(traceId, spanId) {
 }
 
 /**
- * Builds the entry for a span context (32 + 16 hex digits) and optional
- * encoded attributes. Returns NO_SPAN for ids that are malformed or all
- * zero (the W3C invalid ids), so no separate validity check is needed.
- */
-function entryFromIds(traceId, spanId, traceFlags, schema = null, attributes = null) {
-  if (!decodeIds(traceId, spanId)) return NO_SPAN;
-  const d = decodedIds;
-  return new RecordEntry(1, d[0], d[1], d[2], d[3], d[4], d[5], traceFlags & 0xff, schema, attributes);
-}
-
-/** `entry` (a span's ids) with encoded attributes added. */
-function withAttributes(entry, schema, attributes) {
-  const { w0, w1, w2, w3, w4, w5, traceFlags } = entry;
-  return new RecordEntry(1, w0, w1, w2, w3, w4, w5, traceFlags, schema, attributes);
-}
-
-/**
- * The slot of the entry whose ids and attributes are in the record's bytes,
- * valid or not (0 after a direct write): invalidating writes only the valid
- * byte, so re-publishing that entry only needs its tail word.
- */
-let heldSlot = 0;
-
-/**
- * Makes `entry` the thread's published record: valid = 0, fields, then
- * valid = 1 with the flags and attributes size. When the record still holds
- * that entry's bytes, only its tail word is written, and only if it differs.
- */
-function publish(entry) {
-  // Module bindings read through locals: each read of one costs bytecode
-  // for its initialization check, and TurboFan inlines a function by its
-  // bytecode size, on the with() path within a tight budget.
-  const record = words;
-  const tail = TAIL_INDEX_U32;
-  const slots = ring;
-  if (slots[heldSlot] === entry) {
-    // The native side may have cleared the record (idle event loop) since,
-    // so the tail word (valid byte included) is compared, not assumed.
-    if (record[tail] !== entry.tail) record[tail] = entry.tail;
-    return;
-  }
-  // ORDER: a sampler interrupts this thread, so it needs program order only.
-  // V8 emits typed-array element stores in program order and never drops or
-  // reorders them across one another, so valid = 0 lands before the fields
-  // and the tail word (valid = 1) after them. (Atomics.store would add a
-  // locked instruction per store, for ordering the interrupted thread
-  // already has.)
-  // valid = 0 (with trace_flags and attrs_data_size: an invalid record's
-  // other fields do not matter). NO_SPAN stops here and leaves the held
-  // bytes, so the next entry may still be the held one.
-  record[tail] = 0;
-  if (entry.valid === 0) return;
-  const slot = entry.slot;
-  if (slots[slot] !== entry) slots[slot] = entry;
-  heldSlot = slot;
-  record[0] = entry.w0;
-  record[1] = entry.w1;
-  record[2] = entry.w2;
-  record[3] = entry.w3;
-  record[4] = entry.w4;
-  record[5] = entry.w5;
-  if (entry.attrsSize !== 0) bytes.set(entry.attributes.bytes, OFFSET_ATTRS_DATA);
-  // ORDER: last store; makes the record valid with the fields in place.
-  record[tail] = entry.tail;
-}
-
-/**
- * Publishes ids given as unsigned 64-bit bigints (already validated), as
- * the direct API does: big-endian stores put the W3C bytes in hex order.
+ * Publishes ids given as unsigned 64-bit bigints (already validated) in the
+ * thread's own record, as the direct API does (big-endian stores put the
+ * W3C bytes in hex order), and points the thread's pointer back at it.
  */
 function publishIds(traceIdHigh, traceIdLow, spanId, traceFlags) {
-  heldSlot = 0; // the manager must rewrite its entry next time
-  bytes[OFFSET_VALID] = 0; // ORDER: as in publish()
+  bytes[OFFSET_VALID] = 0; // ORDER: valid = 0 before the fields
   ids.setBigUint64(0, traceIdHigh);
   ids.setBigUint64(8, traceIdLow);
   ids.setBigUint64(16, spanId);
-  words[TAIL_INDEX_U32] = tailWord(traceFlags, 0); // ORDER: last store
+  words[TAIL_INDEX_U32] = tailWord(traceFlags, 0); // ORDER: last store to the record
+  pointer[0] = ownRecordBits;
 }
 
-/**
- * The entry the record carries now: the held one while the record is valid
- * with its tail word (an idle clear or a NO_SPAN publish leaves it
- * invalid), NO_SPAN otherwise.
- */
-function publishedEntry() {
-  const held = ring[heldSlot];
-  return words[TAIL_INDEX_U32] === held.tail ? held : NO_SPAN;
-}
-
-/**
- * publish(NO_SPAN), small enough to inline where publish() is not: the
- * record reads invalid, and the held bytes stay for the next publish.
- */
-function publishNoSpan() {
-  words[TAIL_INDEX_U32] = 0;
-}
-
-/** Marks the record invalid (the ids stay; readers ignore them). */
+/** Marks the thread's own record invalid (the ids stay; readers ignore them) and points at it. */
 function clear() {
   bytes[OFFSET_VALID] = 0;
+  pointer[0] = ownRecordBits;
 }
 
-// The writers where the record cannot be viewed: the same entries, written
-// into `buffer` and copied with the protocol by the native side. They never
-// skip a write: the native side may have cleared the record in between.
-
-/** The entry the napi writers published last (null after a direct write). */
-let lastEntry = NO_SPAN;
-
-function publishedEntryThroughNapi() {
-  return lastEntry === null ? NO_SPAN : lastEntry;
+/**
+ * Makes the thread's pointer point at a record, given as pointerBits():
+ * one aligned 8-byte store, seen whole or not at all by a sampler that
+ * interrupts the thread. The record must be complete (valid or not).
+ */
+function pointAt(recordBits) {
+  pointer[0] = recordBits;
 }
+
+/** The record the thread's pointer points at now, as pointerBits(). */
+function pointedAt() {
+  return pointer[0];
+}
+
+// The writers where the record cannot be viewed: records are built in
+// plain buffers and copied into the thread's own record by the native side
+// with the protocol (the pointer stays on it).
 
 let warned = false;
 function warnOnce() {
@@ -332,30 +233,14 @@ function warnOnce() {
   }
 }
 
-function publishThroughNapi(entry) {
+/** Copies `length` bytes of a record image from `imageBytes` at `offset` into the thread's record. */
+function copyThroughNapi(imageBytes, offset, length) {
   if (!warned) warnOnce();
-  lastEntry = entry;
-  if (entry.valid === 0) {
-    binding.clearRecord();
-    return;
-  }
-  // The id stores are written out here and in publish() rather than shared
-  // through a helper: one more call level on publish()'s path costs the
-  // with() call site inlining (BENCHMARKS.md, "More that was tried").
-  words[0] = entry.w0;
-  words[1] = entry.w1;
-  words[2] = entry.w2;
-  words[3] = entry.w3;
-  words[4] = entry.w4;
-  words[5] = entry.w5;
-  words[TAIL_INDEX_U32] = entry.tail;
-  if (entry.attrsSize !== 0) bytes.set(entry.attributes.bytes, OFFSET_ATTRS_DATA);
-  binding.writeRecord(bytes.subarray(0, OFFSET_ATTRS_DATA + entry.attrsSize));
+  binding.writeRecord(imageBytes.subarray(offset, offset + length));
 }
 
 function publishIdsThroughNapi(traceIdHigh, traceIdLow, spanId, traceFlags) {
   if (!warned) warnOnce();
-  lastEntry = null;
   ids.setBigUint64(0, traceIdHigh);
   ids.setBigUint64(8, traceIdLow);
   ids.setBigUint64(16, spanId);
@@ -363,30 +248,13 @@ function publishIdsThroughNapi(traceIdHigh, traceIdLow, spanId, traceFlags) {
   binding.writeRecord(bytes.subarray(0, OFFSET_ATTRS_DATA));
 }
 
-function publishNoSpanThroughNapi() {
-  publishThroughNapi(NO_SPAN);
-}
-
 function clearThroughNapi() {
   if (!warned) warnOnce();
   binding.clearRecord();
 }
 
+const shared = { validFlags, tailWord, decodeIds, decodedIds, pointerBits, LITTLE_ENDIAN };
 module.exports =
   noViewReason === null
-    ? { NO_SPAN, validFlags, tailWord, entryFromIds, decodeIds, decodedIds, withAttributes, publish, publishNoSpan, publishIds, clear, publishedEntry, writer: 'view' }
-    : {
-        NO_SPAN,
-        validFlags,
-        tailWord,
-        entryFromIds,
-        decodeIds,
-        decodedIds,
-        withAttributes,
-        publish: publishThroughNapi,
-        publishNoSpan: publishNoSpanThroughNapi,
-        publishIds: publishIdsThroughNapi,
-        clear: clearThroughNapi,
-        publishedEntry: publishedEntryThroughNapi,
-        writer: 'napi',
-      };
+    ? { ...shared, publishIds, clear, pointAt, pointedAt, ownRecordBits, writer: 'view' }
+    : { ...shared, publishIds: publishIdsThroughNapi, clear: clearThroughNapi, copyThroughNapi, writer: 'napi' };

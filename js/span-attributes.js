@@ -10,7 +10,7 @@
 const { diag } = require('@opentelemetry/api');
 const abi = require('./abi');
 const binding = require('./binding');
-const { localRootOf, attributeText } = require('./local-root');
+const { attributeText } = require('./local-root');
 
 /** Longest value an entry can carry (its length is one byte). */
 const MAX_VALUE_BYTES = abi.attrs.maxValueBytes;
@@ -68,51 +68,11 @@ function valueBytesOf(text) {
   return bytes;
 }
 
-const EMPTY_BYTES = new Uint8Array(0);
-
 /** The bytes of an ASCII string (a hex id), without a Buffer. */
 function asciiBytes(text) {
   const bytes = new Uint8Array(text.length);
   for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
   return bytes;
-}
-
-/** Entries being encoded: key indexes and value bytes, within `capacity` bytes. */
-class Entries {
-  constructor(capacity) {
-    this.capacity = capacity;
-    this.size = 0;
-    this.indexes = [];
-    this.values = [];
-  }
-
-  /** Whether an entry with `valueBytes` still fits (one that does not is left out whole). */
-  fits(valueBytes) {
-    return this.size + 2 + valueBytes.length <= this.capacity;
-  }
-
-  push(index, valueBytes) {
-    this.indexes.push(index);
-    this.values.push(valueBytes);
-    this.size += 2 + valueBytes.length;
-  }
-
-  /** `prefix` followed by these entries, as attrs_data bytes. */
-  bytes(prefix) {
-    const out = new Uint8Array(prefix.length + this.size);
-    // Byte loops: a typed array's set() costs more than these few bytes.
-    let offset = 0;
-    for (; offset < prefix.length; offset++) out[offset] = prefix[offset];
-    for (let i = 0; i < this.indexes.length; i++) {
-      const value = this.values[i];
-      out[offset] = this.indexes[i];
-      out[offset + 1] = value.length;
-      offset += 2;
-      for (let k = 0; k < value.length; k++) out[offset + k] = value[k];
-      offset += value.length;
-    }
-    return out;
-  }
 }
 
 /** The key of the span's name in the key map. */
@@ -121,21 +81,6 @@ const SPAN_NAME_KEY = abi.attrs.spanNameKey;
 const LOCAL_ROOT_SPAN_ID_KEY = abi.attrs.localRootSpanIdKey;
 /** The local root's attributes every span of its tree publishes, by default. */
 const DEFAULT_LOCAL_ROOT_ATTRIBUTES = Object.freeze([abi.attrs.routeKey]);
-
-/** The encoded attributes of one span, as RecordEntry carries them. */
-class EncodedAttributes {
-  constructor(spanAttributes, seen, bytes, span, name, root) {
-    this.spanAttributes = spanAttributes;
-    this.seen = seen;
-    this.bytes = bytes;
-    /** The span and the name it had when encoded (undefined: names not published). */
-    this.span = span;
-    this.name = name;
-    /** The span's LocalRoot (null: none published) and its version when encoded. */
-    this.root = root;
-    this.rootVersion = root === null ? 0 : root.version;
-  }
-}
 
 /** Validates a boolean option (undefined: `fallback`). */
 function booleanOption(value, name, fallback) {
@@ -184,6 +129,8 @@ class AttributeSchema {
     this.spanName = roles.spanName;
     this.spanNamePosition = keys.indexOf(SPAN_NAME_KEY);
     this.localRootSpanId = roles.localRootSpanId;
+    /** The attribute keys whose change a span's record follows. */
+    this.watchedKeys = [...roles.endpoint, ...roles.own];
     /** Whether encoding needs the span's LocalRoot. */
     this.needsRoot = roles.localRootSpanId || roles.endpoint.length !== 0;
     /** Index in the key map, -1 until the key is first seen on a span. */
@@ -210,6 +157,13 @@ class AttributeSchema {
     }
   }
 
+  /** Whether setting attribute `key` can change what a span publishes. */
+  watches(key) {
+    const keys = this.watchedKeys;
+    for (let i = 0; i < keys.length; i++) if (keys[i] === key) return true;
+    return false;
+  }
+
   keyIndex(i) {
     let index = this.keyIndexes[i];
     if (index < 0) {
@@ -226,75 +180,76 @@ class AttributeSchema {
   }
 
   /**
-   * Encodes what `span` publishes: its local root's id and attributes, its
-   * name, then its own configured attributes (the record's room runs out
-   * in that order).
+   * Writes what `span` publishes as attrs_data entries into `out` from
+   * `at`, within `capacity` bytes: its local root's id and endpoint
+   * attributes (`root`, or null), its name, then its own configured
+   * attributes (the room runs out in that order; an entry that does not
+   * fit is left out whole). The own values read go into `seen` when given.
+   * Returns the bytes written. Allocates nothing once the values' bytes
+   * are cached (names, routes and ids repeat from span to span).
    */
-  encode(span, capacity = ATTRS_CAPACITY) {
-    const spanAttributes = span.attributes;
-    const attributesReadable = spanAttributes !== null && typeof spanAttributes === 'object';
-    const seen = new Array(this.ownKeys.length);
-    const root = this.needsRoot ? localRootOf(span) : null;
-    // The local root's entries are the same for every span of its tree:
-    // encoded once per change of the root, not per span.
-    const prefix = root === null ? EMPTY_BYTES : this.rootEntries(root);
-    const entries = new Entries(prefix.length <= capacity ? capacity - prefix.length : capacity);
-    if (prefix.length > capacity) this.addRootEntries(entries, root);
-    const name = this.spanName ? span.name : undefined;
-    if (this.spanName) this.add(entries, this.spanNamePosition, name);
-    if (attributesReadable) {
-      for (let i = 0; i < this.ownKeys.length; i++) {
-        const value = spanAttributes[this.ownKeys[i]];
-        seen[i] = value;
-        this.add(entries, this.ownPositions[i], value);
+  encodeInto(out, at, capacity, span, root, seen) {
+    let size = 0;
+    if (root !== null) {
+      if (this.localRootSpanId && root.spanId !== '') {
+        size = this.put(out, at, size, capacity, 0, (root.spanIdBytes ??= asciiBytes(root.spanId)));
+      }
+      for (let i = 0; i < this.endpointKeys.length; i++) {
+        size = this.putText(out, at, size, capacity, this.endpointPositions[i], root.value(this.endpointKeys[i]));
       }
     }
-    const bytes = entries.bytes(prefix.length <= capacity ? prefix : EMPTY_BYTES);
-    return new EncodedAttributes(spanAttributes, seen, bytes, span, name, root);
-  }
-
-  /** Adds the entry of `value` at key `position` if it is publishable and fits. */
-  add(entries, position, value) {
-    const text = attributeText(value);
-    if (text === undefined) return;
-    const valueBytes = valueBytesOf(text);
-    if (!entries.fits(valueBytes)) return;
-    const index = this.keyIndex(position);
-    if (index >= 0) entries.push(index, valueBytes);
-  }
-
-  addRootEntries(entries, root) {
-    if (this.localRootSpanId && root.spanId !== '') {
-      const id = (root.spanIdBytes ??= asciiBytes(root.spanId));
-      const index = entries.fits(id) ? this.keyIndex(0) : -1;
-      if (index >= 0) entries.push(index, id);
+    if (this.spanName) size = this.putText(out, at, size, capacity, this.spanNamePosition, span.name);
+    const ownKeys = this.ownKeys;
+    if (ownKeys.length !== 0) {
+      const spanAttributes = span.attributes;
+      if (spanAttributes !== null && typeof spanAttributes === 'object') {
+        for (let i = 0; i < ownKeys.length; i++) {
+          const value = spanAttributes[ownKeys[i]];
+          if (seen !== null) seen[i] = value;
+          size = this.putText(out, at, size, capacity, this.ownPositions[i], value);
+        }
+      }
     }
-    for (let i = 0; i < this.endpointKeys.length; i++) this.add(entries, this.endpointPositions[i], root.value(this.endpointKeys[i]));
+    return size;
   }
 
-  /** The encoded entries of `root` (its id, its endpoint), cached on it per version. */
-  rootEntries(root) {
-    const cached = root.encoded;
-    if (cached !== null && cached.schema === this && cached.version === root.version) return cached.bytes;
-    const entries = new Entries(ATTRS_CAPACITY);
-    this.addRootEntries(entries, root);
-    const bytes = entries.bytes(EMPTY_BYTES);
-    root.encoded = { schema: this, version: root.version, bytes };
-    return bytes;
+  /** putText for a value given as text (or anything: unpublishable values are skipped). */
+  putText(out, at, size, capacity, position, value) {
+    const text = attributeText(value);
+    return text === undefined ? size : this.put(out, at, size, capacity, position, valueBytesOf(text));
+  }
+
+  /** Writes the entry of key `position` with `valueBytes` if it fits; the new size. */
+  put(out, at, size, capacity, position, valueBytes) {
+    const length = valueBytes.length;
+    if (size + 2 + length > capacity) return size;
+    const index = this.keyIndex(position);
+    if (index < 0) return size;
+    let offset = at + size;
+    out[offset] = index;
+    out[offset + 1] = length;
+    offset += 2;
+    // A byte loop: a typed array's set() costs more than these few bytes.
+    for (let k = 0; k < length; k++) out[offset + k] = valueBytes[k];
+    return size + 2 + length;
   }
 
   /**
-   * Whether `encoded` still matches its span: the local root's endpoint
-   * unchanged (its version), the name, the span's own attributes.
+   * Whether what `record` published still matches its span: the local
+   * root's endpoint unchanged (its version), the name, the span's own
+   * attributes. Needed only for spans whose class is not observed
+   * (./span-records.js), where nothing else tells of a change.
    */
-  isCurrent(encoded) {
-    const root = encoded.root;
-    if (root !== null && root.version !== encoded.rootVersion) return false;
-    if (this.spanName && encoded.span.name !== encoded.name) return false;
-    const spanAttributes = encoded.spanAttributes;
+  isCurrent(record) {
+    const root = record.root;
+    if (root !== null && root.version !== record.rootVersion) return false;
+    const span = record.span;
+    if (this.spanName && span.name !== record.name) return false;
+    const seen = record.seen;
+    if (seen === null) return true;
+    const spanAttributes = span.attributes;
     if (spanAttributes === null || typeof spanAttributes !== 'object') return true;
     const keys = this.ownKeys;
-    const seen = encoded.seen;
     for (let i = 0; i < keys.length; i++) {
       if (spanAttributes[keys[i]] !== seen[i]) return false;
     }

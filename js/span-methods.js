@@ -22,30 +22,37 @@ function findProperty(proto, name) {
 }
 
 /**
- * An observer of `methods` ([name, after(span)] pairs): a function that,
- * given a span, wraps those methods on its prototype if not done yet.
- * Cannot throw.
+ * An observer of `methods` ([name, after(span, firstArgument)] pairs): a
+ * function that, given a span, wraps those methods on its prototype if not
+ * done yet, and says whether every one of them that the span has reports
+ * to `after` (false where one could not be wrapped). Cannot throw.
  */
 function methodObserver(methods) {
-  const observedPrototypes = new WeakSet();
+  /** Per prototype seen: whether its methods report. */
+  const observedPrototypes = new WeakMap();
   const installedWrappers = new WeakSet();
-  /** Most spans share one class: one comparison before the set lookup. */
+  /** Most spans share one class: one comparison before the map lookup. */
   let lastPrototype = null;
+  let lastObserved = false;
 
+  /** Wraps `name` where `proto` finds it; whether it reports (or is absent). */
   function observe(proto, name, after) {
     const found = findProperty(proto, name);
-    if (found === undefined) return;
+    if (found === undefined) return true;
     const { owner, descriptor } = found;
     const original = descriptor.value;
-    if (typeof original !== 'function' || installedWrappers.has(original)) return;
+    if (typeof original !== 'function') return false;
+    if (installedWrappers.has(original)) return true;
     const redefinable = owner === proto ? descriptor.writable || descriptor.configurable : Object.isExtensible(proto);
-    if (!redefinable) return;
+    if (!redefinable) return false;
+    // `arguments` passed on as is: no rest array per call, and the
+    // original sees exactly the arguments it was given.
     const wrapper = {
-      [name](...args) {
+      [name]() {
         try {
-          return Reflect.apply(original, this, args);
+          return Reflect.apply(original, this, arguments);
         } finally {
-          after(this);
+          after(this, arguments[0]);
         }
       },
     }[name];
@@ -57,24 +64,34 @@ function methodObserver(methods) {
       enumerable: descriptor.enumerable,
       configurable: descriptor.configurable,
     });
+    return true;
   }
 
   return function observeSpanClass(span) {
     try {
       const proto = Object.getPrototypeOf(span);
-      if (proto === lastPrototype) return;
-      if (proto === null || proto === Object.prototype || observedPrototypes.has(proto)) return;
-      observedPrototypes.add(proto);
-      lastPrototype = proto;
-      for (const [name, after] of methods) {
-        try {
-          observe(proto, name, after);
-        } catch {
-          // A Proxy prototype refusing: that method stays unobserved.
+      if (proto === lastPrototype) return lastObserved;
+      if (proto === null || proto === Object.prototype) return false;
+      let observed = observedPrototypes.get(proto);
+      if (observed === undefined) {
+        observed = true;
+        for (const [name, after] of methods) {
+          try {
+            if (!observe(proto, name, after)) observed = false;
+          } catch {
+            // A prototype that refuses the property (a Proxy, say): its
+            // spans are checked when entered instead.
+            observed = false;
+          }
         }
+        observedPrototypes.set(proto, observed);
       }
+      lastPrototype = proto;
+      lastObserved = observed;
+      return observed;
     } catch {
-      // A Proxy span refusing getPrototypeOf: nothing observed.
+      // A Proxy span whose getPrototypeOf trap throws: left alone.
+      return false;
     }
   };
 }

@@ -4,60 +4,28 @@
 // Where AsyncLocalStorage runs on V8's AsyncContextFrame, V8 restores the
 // current frame on every `await` without running JavaScript. So nothing
 // runs per async switch here: the manager's AsyncLocalStorage stores a
-// wrapper per context, a typed array over the native OTEP 4947 record of the
-// context's span, and a profiler walks from the thread's
-// `otel_thread_ctx_nodejs_v1` block through the current frame to the
-// wrapper, whose data pointer (at a fixed offset in the object) is the
+// wrapper per context, a typed array over the native OTEP 4947 record of
+// the context's span (../span-records.js), and a profiler walks from the
+// thread's `otel_thread_ctx_nodejs_v1` block through the current frame to
+// the wrapper, whose data pointer (at a fixed offset in the object) is the
 // record's address. `active()` returns the wrapper's `context`.
 //
-// - a span's record is written once, when a context holding the span is
-//   first entered, and in place afterwards: `valid = 0` when the span ends
-//   (ProcessContextSpanProcessor.onEnd, or the SDK's `ended` seen at the
-//   next `with()`), new attributes when a `with()` finds them changed;
-// - records are carved out of slabs of native memory, each behind an
-//   external ArrayBuffer (no napi call per span); a slab is freed by its
-//   buffer's finalizer, so never while a frame can still reach a wrapper
-//   over any of its records;
+// - a context's wrapper is made at its first with() and held in a private
+//   field of the context (../hidden-state.js): nothing observable is added
+//   to the application's contexts;
+// - the wrapper keeps the record's slab alive, so a slab is unmapped only
+//   once no frame can reach a wrapper over any of its records;
 // - nothing is published before the whole walk was done in-process over
 //   our own objects and ended at the expected record (see `availability`).
 
 const asyncHooks = require('node:async_hooks');
 const { diag, trace } = require('@opentelemetry/api');
-const abi = require('../abi');
 const binding = require('../binding');
 const view = require('../record-view');
-const sdkResource = require('../sdk-resource');
-const { methodObserver } = require('../span-methods');
-const localRoot = require('../local-root');
+const spanRecords = require('../span-records');
+const { privateSlot } = require('../hidden-state');
 
-const { offsets } = abi.record;
-const TAIL_INDEX_U32 = offsets.valid / 4;
-/** Record sizes are multiples of this, so every record starts 32-byte aligned. */
-const RECORD_ALIGN = 32;
-/** A record without attributes, rounded up to the record alignment. */
-const HEADER_RECORD_SIZE = Math.ceil(abi.record.headerSize / RECORD_ALIGN) * RECORD_ALIGN;
-const FULL_RECORD_SIZE = abi.record.size;
-/**
- * Room a span's record keeps beyond its first encoding, for values that
- * come later (a route set after routing): records are sized to what they
- * carry, not 640 bytes each. A later value that does not fit is left out
- * whole, as one past the record's size always is.
- */
-const LATER_VALUES_ROOM = 96;
-
-/** The record size for `attributes`, a multiple of the record alignment. */
-function recordSize(attributes) {
-  const wanted = abi.record.headerSize + attributes.bytes.length + LATER_VALUES_ROOM;
-  return Math.min(FULL_RECORD_SIZE, Math.ceil(wanted / RECORD_ALIGN) * RECORD_ALIGN);
-}
-
-/** Bytes of attrs_data a record has room for. */
-function attributesRoom(record) {
-  return record.size - abi.record.headerSize;
-}
-
-/** Bytes per slab of records: one napi call and one finalizer per this many bytes of spans. */
-const SLAB_BYTES = 16384;
+const { HEADER_RECORD_SIZE, RECORD_ALIGN } = spanRecords;
 
 /** What the manager's AsyncLocalStorage stores: the context, over its span's record. */
 class ContextWrapper extends Uint8Array {
@@ -71,233 +39,16 @@ class ContextWrapper extends Uint8Array {
   }
 }
 
-/** A span's native record and what was written into it. */
-class SpanRecord {
-  constructor(buffer, byteOffset, size, span, traceFlags, schema, attributes) {
-    this.buffer = buffer;
-    this.byteOffset = byteOffset;
-    this.size = size;
-    /** The slab's views (shared by its records) and this record's first word. */
-    this.words = slabWordsView;
-    this.bytes = slabBytesView;
-    this.base = byteOffset / 4;
-    this.span = span;
-    this.traceFlags = traceFlags;
-    /** The AttributeSchema the attributes were encoded for (null: none). */
-    this.schema = schema;
-    /** EncodedAttributes or null. */
-    this.attributes = attributes;
-    /** Set once `valid` was cleared for good (the span ended). */
-    this.ended = false;
-  }
-}
-
-/** Per-context wrapper and per-span record caches (never enumerated). */
-const kWrapper = Symbol('otel-thread-ctx.wrapper');
-const kRecord = Symbol('otel-thread-ctx.record');
-
-/** The publishing manager's AttributeSchema (null: no attributes). */
-let schema = null;
-
-/**
- * The slab records are carved from now, the views its records write
- * through (one pair per slab: no view per span), and how much of it is used.
- */
-let slab = null;
-let slabWordsView = null;
-let slabBytesView = null;
-let slabUsed = 0;
-
-/**
- * A zeroed, never used record of `size` bytes (a multiple of RECORD_ALIGN)
- * in `slab` (which it may replace): its byte offset.
- */
-function allocate(size) {
-  if (slab === null || slabUsed + size > SLAB_BYTES) {
-    slab = binding.frameSpanRecord(SLAB_BYTES);
-    slabWordsView = new Uint32Array(slab);
-    slabBytesView = new Uint8Array(slab);
-    slabUsed = 0;
-  }
-  const byteOffset = slabUsed;
-  slabUsed += size;
-  return byteOffset;
-}
+/** Each context's wrapper, made at its first with(), in a private field of the context. */
+const wrappers = privateSlot();
 
 /** This thread's record of "no span" (valid = 0, never written). */
-let noSpanBuffer = null;
-function noSpan() {
-  noSpanBuffer ??= binding.frameSpanRecord(HEADER_RECORD_SIZE);
-  return noSpanBuffer;
-}
+let noSpanRecord = null;
 
 /** A wrapper of `context` over the no-span record. */
 function noSpanWrapper(context) {
-  return new ContextWrapper(noSpan(), 0, HEADER_RECORD_SIZE, context, null);
-}
-
-/**
- * Writes the record's attributes (EncodedAttributes or null) and makes it
- * valid. Its ids were stored when it was carved out (writeIds) and never
- * change.
- */
-function write(record, attributes) {
-  const words = record.words;
-  const base = record.base;
-  // ORDER: a sampler interrupts this thread, so program order is enough:
-  // valid = 0 first, the fields, then the tail word (valid = 1) last, each
-  // a typed-array store V8 neither drops nor reorders (as in record-view).
-  words[base + TAIL_INDEX_U32] = 0;
-  const size = attributes === null ? 0 : attributes.bytes.length;
-  if (size !== 0) {
-    // Through a byte view of the whole slab, shared by its records: a view
-    // per write would cost more than these few bytes.
-    const bytes = record.bytes;
-    const values = attributes.bytes;
-    const at = record.byteOffset + offsets.attrsData;
-    for (let i = 0; i < values.length; i++) bytes[at + i] = values[i];
-  }
-  words[base + TAIL_INDEX_U32] = view.tailWord(record.traceFlags, size);
-}
-
-/** Stores the ids decodeIds() left in view.decodedIds into a new record (still invalid). */
-function writeIds(record) {
-  const words = record.words;
-  const base = record.base;
-  const ids = view.decodedIds;
-  words[base] = ids[0];
-  words[base + 1] = ids[1];
-  words[base + 2] = ids[2];
-  words[base + 3] = ids[3];
-  words[base + 4] = ids[4];
-  words[base + 5] = ids[5];
-}
-
-/** A span's attributes changed: its record follows now when it has one. Cannot throw. */
-function attributesChanged(span) {
-  try {
-    const record = cachedRecord(span);
-    if (schema !== null && record !== undefined && record.span === span && !record.ended) recordOfSpan(span);
-  } catch {
-    // A throwing attribute getter: the record follows at the next with().
-  }
-}
-
-/**
- * `end()` returned or threw: if the span now says it has ended (the SDK's
- * `ended`, the rule every path applies), its record stops publishing it.
- * Spans without `ended` (NonRecordingSpan) stay published while a context
- * holds them, as in record mode. Cannot throw.
- */
-function endObserved(span) {
-  try {
-    if (span.ended === true) spanEnded(span);
-  } catch {
-    // A throwing `ended` getter: the record ends at the next with(), if ever.
-  }
-}
-
-const OBSERVED_METHODS = [
-  ['end', endObserved],
-  ['setAttribute', attributesChanged],
-  ['setAttributes', attributesChanged],
-];
-
-/**
- * Makes `end()` of `span`'s class clear the span's record in place, and
- * `setAttribute()`/`setAttributes()` update it, so a frame that resumes
- * later without any with() publishes what the span says now: record mode
- * notices at the next callback, and frame mode runs nothing then. Once per
- * prototype (./span-methods.js); a method that cannot be wrapped is left to
- * ProcessContextSpanProcessor.onEnd and to with(). Cannot throw.
- */
-const observeSpanClass = methodObserver(OBSERVED_METHODS);
-
-/**
- * Records of spans that cannot take a property (frozen, sealed or otherwise
- * non-extensible), looked up only for those: the common path stays one
- * property load.
- */
-const recordsOfFixedSpans = new WeakMap();
-
-/** The record cached for `span`, or undefined. */
-function cachedRecord(span) {
-  const record = span[kRecord];
-  if (record !== undefined || Object.isExtensible(span)) return record;
-  return recordsOfFixedSpans.get(span);
-}
-
-/** A new record for `span`, or null when it publishes no span. */
-function newRecord(span) {
-  sdkResource.onNewSpan(span);
-  observeSpanClass(span);
-  if (span.ended === true) return null;
-  const sc = span.spanContext();
-  if (typeof sc !== 'object' || sc === null) return null;
-  const flags = view.validFlags(sc.traceFlags);
-  if (flags < 0 || !view.decodeIds(sc.traceId, sc.spanId)) return null;
-  const attributes = schema === null ? null : schema.encode(span);
-  const size = schema === null ? HEADER_RECORD_SIZE : recordSize(attributes);
-  // decodedIds stay valid until the next decode: encode() above decodes none.
-  const byteOffset = allocate(size);
-  const record = new SpanRecord(slab, byteOffset, size, span, flags, schema, attributes);
-  writeIds(record);
-  write(record, attributes);
-  if (attributes !== null && attributes.root !== null) (attributes.root.records ??= new Set()).add(record);
-  return record;
-}
-
-/** Whether `record` still says what its span says (ends it in place if not). */
-function isCurrent(record) {
-  if (record.ended) return true;
-  if (record.span.ended === true) {
-    end(record);
-    return true;
-  }
-  return record.schema === schema && (schema === null || schema.isCurrent(record.attributes));
-}
-
-function end(record) {
-  record.ended = true;
-  record.words[record.base + TAIL_INDEX_U32] = 0;
-  record.attributes?.root?.records?.delete(record);
-}
-
-/**
- * A local root's endpoint changed (a late `http.route`): the live records
- * of its tree are rewritten in place now, as frames resume without running
- * anything. A few records per request, once per change. Cannot throw.
- */
-function endpointChanged(root) {
-  try {
-    for (const record of root.records ?? []) {
-      if (record.ended || record.schema !== schema || record.attributes.rootVersion === root.version) continue;
-      record.attributes = schema.encode(record.span, attributesRoom(record));
-      write(record, record.attributes);
-    }
-  } catch {
-    // A throwing attribute getter: those records follow at their next with().
-  }
-}
-
-/** The record of `span` (cached on it), or null when it publishes none. */
-function recordOfSpan(span) {
-  if (typeof span !== 'object' || span === null || typeof span.spanContext !== 'function') return null;
-  const cached = cachedRecord(span);
-  if (cached !== undefined && cached.span === span) {
-    if (isCurrent(cached)) return cached;
-    // Attributes or schema changed: the same record is rewritten when it
-    // has room, so the wrappers over it publish the new attributes too.
-    if (cached.schema === schema && schema !== null) {
-      cached.attributes = schema.encode(span, attributesRoom(cached));
-      write(cached, cached.attributes);
-      return cached;
-    }
-  }
-  const record = newRecord(span);
-  if (Object.isExtensible(span)) span[kRecord] = record === null ? undefined : record;
-  else if (record !== null) recordsOfFixedSpans.set(span, record);
-  return record;
+  noSpanRecord ??= spanRecords.blankRecord();
+  return new ContextWrapper(noSpanRecord.slab.buffer, noSpanRecord.byteOffset, HEADER_RECORD_SIZE, context, null);
 }
 
 let failureReported = false;
@@ -311,23 +62,17 @@ function reportFailure(error) {
   }
 }
 
-/** A new wrapper of `context` (cached on it when it can be). */
+/** A new wrapper of `context` (an object), remembered for it. */
 function newWrapper(context) {
   let record = null;
   try {
-    if (typeof context === 'object' && context !== null && typeof context.getValue === 'function') {
-      record = recordOfSpan(trace.getSpan(context));
-    }
+    if (typeof context.getValue === 'function') record = spanRecords.recordOf(trace.getSpan(context));
   } catch (error) {
     reportFailure(error);
   }
   const wrapper =
-    record === null ? noSpanWrapper(context) : new ContextWrapper(record.buffer, record.byteOffset, record.size, context, record);
-  try {
-    if (typeof context === 'object' && context !== null && Object.isExtensible(context)) context[kWrapper] = wrapper;
-  } catch {
-    // A Proxy refusing the property: a new wrapper next time.
-  }
+    record === null ? noSpanWrapper(context) : new ContextWrapper(record.slab.buffer, record.byteOffset, record.size, context, record);
+  wrappers.set(context, wrapper);
   return wrapper;
 }
 
@@ -336,40 +81,34 @@ let nullWrapper = null;
 
 /**
  * What the manager's AsyncLocalStorage stores for `context`, any value as
- * with the stock manager. One cached load and a few checks on the path a
- * context takes after its first entry. Cannot throw.
+ * with the stock manager. One private-field lookup and a few loads on the path
+ * a context takes after its first entry. Cannot throw.
  */
 function wrapperFor(context) {
-  if (context === undefined) return (undefinedWrapper ??= noSpanWrapper(undefined));
-  if (context === null) return (nullWrapper ??= noSpanWrapper(null));
+  if (typeof context !== 'object' || context === null) {
+    if (context === undefined) return (undefinedWrapper ??= noSpanWrapper(undefined));
+    if (context === null) return (nullWrapper ??= noSpanWrapper(null));
+    // Any other value may be a context too (functions included).
+    if (typeof context !== 'function') return noSpanWrapper(context);
+  }
   try {
-    const cached = context[kWrapper];
-    if (cached !== undefined && cached.context === context) {
+    const cached = wrappers.get(context);
+    if (cached !== undefined) {
       const record = cached.record;
-      if (record === null || isCurrent(record)) return cached;
+      if (record === null || spanRecords.isFresh(record)) return cached;
       // Rewrites the record in place when it can; else a new wrapper.
-      if (recordOfSpan(record.span) === record) return cached;
+      if (spanRecords.recordOf(record.span) === record) return cached;
     }
+    return newWrapper(context);
   } catch (error) {
     reportFailure(error);
+    return noSpanWrapper(context);
   }
-  return newWrapper(context);
 }
 
 /** The context a stored wrapper stands for (`active()` without the ROOT fallback). */
 function contextOf(store) {
   return store === undefined ? undefined : store.context;
-}
-
-/** Called as a span ends: its record stops publishing it at once. Cannot throw. */
-function spanEnded(span) {
-  try {
-    if (typeof span !== 'object' || span === null) return;
-    const record = cachedRecord(span);
-    if (record !== undefined && record.span === span && !record.ended) end(record);
-  } catch {
-    // A Proxy span: its record ends at the next with().
-  }
 }
 
 /** True when AsyncLocalStorage is implemented with AsyncContextFrame. */
@@ -409,8 +148,8 @@ function discover() {
     throw new Error('AsyncLocalStorage does not run on AsyncContextFrame here (Node 24+, or 22 with --experimental-async-context-frame)');
   }
   const storage = new asyncHooks.AsyncLocalStorage();
-  const outerBuffer = binding.frameSpanRecord(HEADER_RECORD_SIZE);
-  const innerBuffer = binding.frameSpanRecord(HEADER_RECORD_SIZE);
+  const outerBuffer = binding.spanRecordSlab(HEADER_RECORD_SIZE);
+  const innerBuffer = binding.spanRecordSlab(HEADER_RECORD_SIZE);
   const outer = new ContextWrapper(outerBuffer, 0, HEADER_RECORD_SIZE, null, null);
   const inner = new ContextWrapper(innerBuffer, 0, HEADER_RECORD_SIZE, null, null);
   let outerSlots = [];
@@ -447,7 +186,7 @@ function availability(storage) {
     if (discovered.reason !== undefined) return discovered;
     const { cpedOffset, recordOffset } = discovered.offsets;
     // A record inside a slab, not at its start: as span records are.
-    const buffer = binding.frameSpanRecord(2 * RECORD_ALIGN);
+    const buffer = binding.spanRecordSlab(2 * RECORD_ALIGN);
     const probe = new ContextWrapper(buffer, RECORD_ALIGN, HEADER_RECORD_SIZE, null, null);
     inScratchFrame(() => storage.run(probe, () => binding.frameVerify(storage, buffer, RECORD_ALIGN, cpedOffset, recordOffset)));
     return discovered;
@@ -466,8 +205,7 @@ function availability(storage) {
  */
 function activate(manager) {
   const { cpedOffset, recordOffset } = discovered.offsets;
-  schema = manager._attributeSchema;
-  localRoot.configure(schema === null ? [] : schema.endpointKeys, endpointChanged);
+  spanRecords.configure(manager._attributeSchema);
   view.clear();
   binding.setClearOnIdle(true);
   binding.framePublish(manager._asyncLocalStorage, cpedOffset, recordOffset);
@@ -475,11 +213,10 @@ function activate(manager) {
 
 /** Stops publishing frames on this thread; the record is left invalid. */
 function deactivate() {
-  schema = null;
-  localRoot.configure([], null);
+  spanRecords.configure(null);
   binding.frameUnpublish();
   binding.setClearOnIdle(false);
   view.clear();
 }
 
-module.exports = { wrapperFor, contextOf, spanEnded, availability, activate, deactivate, usesAsyncContextFrame };
+module.exports = { wrapperFor, contextOf, availability, activate, deactivate, usesAsyncContextFrame };

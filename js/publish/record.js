@@ -1,6 +1,12 @@
 'use strict';
-// Record mode: the thread's one OTEP 4947 record (otel_thread_ctx_v1),
-// kept equal to the active span whenever JavaScript runs.
+// Record mode: OTEP 4947 behind the thread's `otel_thread_ctx_v1`, kept
+// pointing at the active span's record whenever JavaScript runs.
+//
+// Every span has its own complete record (../span-records.js), so a switch
+// is one store: the record's address into the thread's pointer, which
+// readers follow at every sample (OTEP 4947's "swap the pointer between
+// complete records"). The record's bytes are written once per span, never
+// per switch.
 //
 // Where the active context changes, and who publishes it:
 // - `with()` / `bind()` / `attach()`: the manager calls publishContext()
@@ -8,77 +14,107 @@
 // - a callback starting in a stored context (await continuation, timer,
 //   immediate, nextTick, queueMicrotask, I/O callback): the hooks in
 //   ../continuations.js call publishContext();
-// - the event loop going idle: the native side clears the record from a
-//   libuv prepare handle, right before the thread blocks (src/idle.rs).
+// - the event loop going idle: the native side points the pointer back at
+//   the thread's own record, invalid, from a libuv prepare handle right
+//   before the thread blocks (src/idle.rs).
 
 const { diag, trace } = require('@opentelemetry/api');
 const binding = require('../binding');
 const view = require('../record-view');
 const continuations = require('../continuations');
-const sdkResource = require('../sdk-resource');
-const localRoot = require('../local-root');
+const spanRecords = require('../span-records');
+const { privateSlot } = require('../hidden-state');
+const abi = require('../abi');
 
-const { NO_SPAN, validFlags } = view;
+const HEADER_SIZE = abi.record.headerSize;
 
 /** Whether a record-mode manager publishes on this thread. */
 let active = false;
 
-/** Per-context and per-span cache of the record entry (never enumerated). */
-const kEntry = Symbol('otel-thread-ctx.entry');
+/**
+ * Each context's span record, or NO_SPAN, in a private field of the
+ * context (nothing observable is added: ../hidden-state.js). Primitives
+ * and contexts without getValue() publish no span.
+ */
+const contextRecords = privateSlot();
 
-// A plain symbol-keyed property: far cheaper to add than
-// Object.defineProperty (BENCHMARKS.md), and symbols stay out of for-in,
-// Object.keys and JSON. Frozen or sealed objects are simply not cached.
-function cache(holder, entry) {
-  if (Object.isExtensible(holder)) holder[kEntry] = entry;
-  return entry;
-}
-
-/** AttributeSchema of the publishing manager, or null when it publishes no attributes. */
-let schema = null;
+/** What "no span" publishes: a record that is never valid. */
+const NO_SPAN = spanRecords.blankRecord();
 
 /**
- * Whether a cached entry can be published as is: its span not ended, built
- * for the current schema, and its span's configured attributes unchanged
- * since. `ended` is the SDK span's getter (other spans do not have it); once
- * it is true the context's cache becomes NO_SPAN, so ended spans cost this
- * check only once per context.
+ * The records the pointer pointed at most recently, by slot (slot 0:
+ * NO_SPAN): a slab is unmapped only once nothing references it, and the
+ * ring references the record the pointer holds. The writer remembers it as
+ * a slot number, not as an object: storing an object into long-lived state
+ * costs a write barrier, at every switch. A slot is taken over only when
+ * another record with the same slot is published, so the ring keeps at most
+ * RING_SIZE - 1 records (and their spans) alive beyond their use.
  */
-function isFresh(entry) {
-  if (entry === NO_SPAN) return true;
-  return entry.schema === schema && entry.span.ended !== true && (schema === null || schema.isCurrent(entry.attributes));
-}
+const RING_SIZE = 256;
+const ring = new Array(RING_SIZE).fill(NO_SPAN);
+let lastSlot = 0;
+/** The slot of the record the pointer was pointed at last. */
+let heldSlot = 0;
 
-function entryForSpan(span) {
-  // Anything may be stored under the span key; only objects with a
-  // spanContext() method are spans.
-  if (typeof span !== 'object' || span === null || typeof span.spanContext !== 'function') return NO_SPAN;
-  const cached = span[kEntry];
-  if (cached !== undefined && isFresh(cached)) return cached;
-  sdkResource.onNewSpan(span);
-  // A span outside its lifetime is never published.
-  if (span.ended === true) return cache(span, NO_SPAN);
-  const sc = span.spanContext();
-  if (typeof sc !== 'object' || sc === null) return cache(span, NO_SPAN);
-  const flags = validFlags(sc.traceFlags);
-  // entryFromIds returns NO_SPAN for malformed or all-zero (invalid) ids.
-  let entry = flags < 0 ? NO_SPAN : view.entryFromIds(sc.traceId, sc.spanId, flags);
-  if (entry === NO_SPAN) return cache(span, entry);
-  if (schema !== null) entry = view.withAttributes(entry, schema, schema.encode(span));
-  entry.span = span;
-  return cache(span, entry);
+/** The next record's slot, round-robin over 1..RING_SIZE - 1. */
+function nextSlot() {
+  lastSlot = lastSlot === RING_SIZE - 1 ? 1 : lastSlot + 1;
+  return lastSlot;
 }
 
 /**
- * The record entry for a context not cached yet (or cached stale): read from
- * its span, then cached on the context. Any value may be a context, as with
- * the stock manager: only objects with a getValue() method (OpenTelemetry
- * contexts) can carry a span.
+ * Makes `record` the thread's published record: one 8-byte store of its
+ * address into the thread's pointer, after making sure the ring holds it.
  */
-function lookupEntry(ctx) {
+function pointAt(record) {
+  let slot = record.slot;
+  if (slot === 0 && record !== NO_SPAN) record.slot = slot = nextSlot();
+  // ORDER: the ring is JavaScript's own state; the pointer store is what a
+  // sampler sees, and the record it points at is complete.
+  if (ring[slot] !== record) ring[slot] = record;
+  heldSlot = slot;
+  view.pointAt(record.address);
+}
+
+/**
+ * The record the pointer holds now: the one published last while the
+ * pointer still points at it (an idle clear or the direct API point it at
+ * the thread's own record), NO_SPAN otherwise.
+ */
+function pointedRecord() {
+  const held = ring[heldSlot];
+  return view.pointedAt() === held.address ? held : NO_SPAN;
+}
+
+// Where records are not native memory (no external buffers), there is no
+// pointer to swap: every switch copies the record's bytes into the
+// thread's own record through a napi call (./record-view.js).
+
+let copiedRecord = NO_SPAN;
+
+function copy(record) {
+  copiedRecord = record;
+  if (record.ended) binding.clearRecord();
+  else view.copyThroughNapi(record.slab.bytes, record.byteOffset, HEADER_SIZE + record.attrsSize);
+}
+
+const publish = view.writer === 'napi' ? copy : pointAt;
+const publishedRecord = view.writer === 'napi' ? () => copiedRecord : pointedRecord;
+
+/** The record of a context not looked up yet. May throw (a context's or span's getters). */
+function lookupRecord(ctx) {
+  if (typeof ctx.getValue !== 'function') return NO_SPAN;
+  return spanRecords.recordOf(trace.getSpan(ctx)) ?? NO_SPAN;
+}
+
+/** The record `ctx` publishes now (cached on first sight). May throw. */
+function recordFor(ctx) {
   if (typeof ctx !== 'object' || ctx === null) return NO_SPAN;
-  if (typeof ctx.getValue !== 'function') return cache(ctx, NO_SPAN);
-  return cache(ctx, entryForSpan(trace.getSpan(ctx)));
+  const cached = contextRecords.get(ctx);
+  if (cached !== undefined && (cached === NO_SPAN || spanRecords.isFresh(cached))) return cached;
+  const record = lookupRecord(ctx);
+  contextRecords.set(ctx, record);
+  return record;
 }
 
 let failureReported = false;
@@ -89,11 +125,11 @@ let failureReported = false;
  * the thread is reported through diag. Cannot throw.
  */
 function publishFailure(ctx, error) {
-  view.publish(NO_SPAN);
+  publish(NO_SPAN);
   try {
-    cache(ctx, NO_SPAN);
+    contextRecords.set(ctx, NO_SPAN);
   } catch {
-    // A Proxy refusing the property: the lookup is simply repeated next time.
+    // Not an object: nothing to remember.
   }
   if (failureReported) return;
   failureReported = true;
@@ -106,85 +142,49 @@ function publishFailure(ctx, error) {
 
 /**
  * Publishes the span of `ctx`, whatever `ctx` is. Runs inside async hooks,
- * so it cannot throw: a Proxy context can throw even from the cached-entry
- * load, which no cheaper check rules out, and try/catch costs nothing on
- * the path that does not throw. The hot path is one cached load
- * (primitives have no such key), the freshness check and the record's
- * stores; no object is stored into long-lived state except when an entry
- * takes its slot in the writer's ring (./record-view.js).
+ * so it cannot throw (try/catch costs nothing on the path that does not
+ * throw). The hot path is one private-field lookup and one pointer store; a
+ * record whose span ended publishes `valid = 0` from where it is, as its
+ * span's end() wrote it.
  */
 function publishContext(ctx) {
   try {
-    const cached = ctx?.[kEntry];
-    view.publish(cached !== undefined && isFresh(cached) ? cached : lookupEntry(ctx));
+    publish(recordFor(ctx));
   } catch (error) {
     publishFailure(ctx, error);
   }
 }
 
-/**
- * Publishes `entry` again (the record's entry before a with() call), or
- * what its span publishes now if it went stale meanwhile. Cannot throw.
- */
-function republish(entry) {
+/** Publishes `record` again (the pointer's record before a with() call). Cannot throw. */
+function republish(record) {
   try {
-    view.publish(isFresh(entry) ? entry : entryForSpan(entry.span));
+    publish(record === NO_SPAN || spanRecords.isFresh(record) ? record : (spanRecords.recordOf(record.span) ?? NO_SPAN));
   } catch (error) {
-    publishFailure(entry.span, error);
-  }
-}
-
-/**
- * Called as a span ends (ProcessContextSpanProcessor.onEnd): if the record
- * carries that span, it stops now rather than at the next context switch,
- * so the code after `span.end()` is not attributed to the span. Cannot throw.
- */
-function spanEnded(span) {
-  if (active && view.publishedEntry().span === span) view.publish(NO_SPAN);
-}
-
-/**
- * A local root's endpoint changed (a late `http.route`): the record follows
- * now if it carries a span of that tree; other contexts of the tree follow
- * when resumed (their cached entries are stale by the root's version).
- * Cannot throw.
- */
-function endpointChanged(root) {
-  try {
-    const entry = view.publishedEntry();
-    if (entry !== NO_SPAN && entry.attributes !== null && entry.attributes.root === root) republish(entry);
-  } catch {
-    // Nothing to do: the next switch publishes the new endpoint.
+    publishFailure(record.span, error);
   }
 }
 
 /** Makes `manager` (record mode) the thread's publisher. */
 function activate(manager) {
   active = true;
+  spanRecords.configure(manager._attributeSchema);
   continuations.activate(manager, publishContext);
-  schema = manager._attributeSchema;
-  localRoot.configure(schema === null ? [] : schema.endpointKeys, endpointChanged);
   binding.setClearOnIdle(true);
   publishContext(manager.active());
 }
 
-/** Stops `manager` publishing records; the record is left invalid. */
+/** Stops `manager` publishing records; the pointer is left at the thread's own record, invalid. */
 function deactivate(manager) {
   active = false;
   continuations.deactivate(manager);
-  schema = null;
-  localRoot.configure([], null);
+  spanRecords.configure(null);
   binding.setClearOnIdle(false);
-  view.publish(NO_SPAN);
+  view.clear();
 }
 
-module.exports = {
-  NO_SPAN,
-  activate,
-  deactivate,
-  publishContext,
-  republish,
-  spanEnded,
-  publishedEntry: view.publishedEntry,
-  publishNoSpan: view.publishNoSpan,
-};
+/** Whether a record-mode manager publishes on this thread now. */
+function isActive() {
+  return active;
+}
+
+module.exports = { NO_SPAN, activate, deactivate, publishContext, republish, publishedRecord, isActive };
