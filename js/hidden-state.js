@@ -8,9 +8,9 @@
 // never see them, and one can be added to a frozen object or a Proxy
 // without running a trap. So the application's objects look and compare
 // exactly as it made them. A WeakMap gives the same guarantees but makes
-// every entry an ephemeron the garbage collector must process: with one per
-// span and per context, scavenges took three times as long in a traced
-// server (BENCHMARKS.md).
+// every entry an ephemeron the garbage collector must process, which with
+// one per span and per context made a traced server's scavenges far
+// longer (BENCHMARKS.md, "Where a request's extra microseconds go").
 
 /** Returns its argument from a constructor, so a subclass's fields land on that object. */
 class Stamp {
