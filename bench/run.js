@@ -4,7 +4,7 @@
 // AsyncLocalStorageContextManager, on Node 20 and Node 24, and prints one
 // table of ratios with their targets. See BENCHMARKS.md for the method.
 //
-//   node bench/run.js [--quick] [--only sync,interleave,async,http,service,memory,direct,workers]
+//   node bench/run.js [--quick] [--only sync,interleave,async,http,service,fastify,http-switching,...]
 //                     [--node <path>[,<path>...]] [--rounds N] [--scale F]
 //                     [--json <file>]
 //
@@ -134,6 +134,7 @@ const FORMAT = {
   'MB+': (v) => `${signed(v, (v / 2 ** 20).toFixed(1))} MiB`,
   MB: (v) => `${(v / 2 ** 20).toFixed(1)} MiB`,
   int: (v) => `${Math.round(v)}`,
+  num: (v) => v.toFixed(1),
   ms: (v) => `${v.toFixed(2)} ms`,
   us: (v) => `${(v / 1000).toFixed(1)} µs`,
 };
@@ -201,7 +202,8 @@ async function runSuite(suite, node, version, opts) {
   const details = [];
   for (const d of suite.details) {
     for (const variant of suite.variants) {
-      const values = perRound.map((round) => round[variant][d.field]);
+      // A variant that cannot run on this Node (the Datadog peer before 24) has no result: n/a.
+      const values = perRound.map((round) => round[variant]?.[d.field]);
       details.push({ label: d.label, variant, unit: d.unit, median: median(values.filter(Number.isFinite)) });
     }
   }

@@ -48,14 +48,14 @@ async function main() {
       const probe = done % 1000 === 0;
       batch.push(tracer.startActiveSpan('op', async (span) => {
         await null;
-        if (probe) peakLive = Math.max(peakLive, binding.frameSpanRecords());
+        if (probe) peakLive = Math.max(peakLive, binding.spanRecordSlabs());
         span.end();
       }));
     }
     await Promise.all(batch);
     if (done % step < CONCURRENCY) {
       await settle();
-      const sample = { spans: done, liveRecords: binding.frameSpanRecords(), rssMiB: process.memoryUsage().rss / 2 ** 20 };
+      const sample = { spans: done, liveRecords: binding.spanRecordSlabs(), rssMiB: process.memoryUsage().rss / 2 ** 20 };
       samples.push(sample);
       console.log(`${sample.spans} spans: ${sample.liveRecords} live records, RSS ${sample.rssMiB.toFixed(1)} MiB`);
     }

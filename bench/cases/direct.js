@@ -3,8 +3,9 @@
 // - setSpanContext(traceIdHigh, traceIdLow, spanId, traceFlags), alternating
 //   two span contexts (a napi call per transition);
 // - clearSpanContext();
-// - the JS fast path: record-view publish(entry), alternating two entries
-//   built with entryFromIds (stores into the typed-array view, no FFI).
+// - record mode's switch: pointing the thread's otel_thread_ctx_v1 at a
+//   span's record (one store into the typed-array view over it, no FFI),
+//   alternating two spans' records.
 // Prints the median over batches of ns per call.
 //
 // params: { iterations, batches }
@@ -32,13 +33,17 @@ function clearLoop(n) {
   for (let i = 0; i < n; i++) clear();
 }
 
-const entryA = view.entryFromIds('0af7651916cd43dd8448eb211c80319c', 'b7ad6b7169203331', 1);
-const entryB = view.entryFromIds('4bf92f3577b34da6a3ce929d0e0e4736', '00f067aa0ba902b7', 1);
+const spanRecords = require(path.join(ROOT, 'js', 'span-records.js'));
+const span = (traceId, spanId) => ({ spanContext: () => ({ traceId, spanId, traceFlags: 1 }) });
+const recordA = spanRecords.recordOf(span('0af7651916cd43dd8448eb211c80319c', 'b7ad6b7169203331'));
+const recordB = spanRecords.recordOf(span('4bf92f3577b34da6a3ce929d0e0e4736', '00f067aa0ba902b7'));
 function publishLoop(n) {
-  const publish = view.publish;
+  const pointAt = view.pointAt;
+  const a = recordA.address;
+  const b = recordB.address;
   for (let i = 0; i < n; i += 2) {
-    publish(entryA);
-    publish(entryB);
+    pointAt(a);
+    pointAt(b);
   }
 }
 

@@ -3,16 +3,17 @@
 // managers switch (bench/lib/suites.js, switchingLoad): each stdin line is a
 // request count; it sends that many GET requests over `connections`
 // keep-alive connections opened for the burst, then prints
-// {"requests", "errors"}. (autocannon, which the other cases use, ends a
-// fixed-count run on its one-second ticker: most of a short burst would be
-// waiting.)
+// {"requests", "errors", "latencyUs"}: every successful request's time from
+// sending to the end of its body, in µs (for percentiles over many bursts).
+// (autocannon, which the other cases use, ends a fixed-count run on its
+// one-second ticker: most of a short burst would be waiting.)
 //
 // Prints {"ready"} first; exits on stdin end.
 //
 // params: { url, connections }
 
 const http = require('node:http');
-const { params, report, onLines } = require('../lib/common');
+const { params, report, onLines, since } = require('../lib/common');
 
 const { url, connections = 10 } = params();
 if (!/^http:\/\/127\.0\.0\.1:\d+\//.test(url)) throw new Error(`refusing to load anything but 127.0.0.1: ${url}`);
@@ -35,16 +36,20 @@ async function burst(amount) {
   let sent = 0;
   let requests = 0;
   let errors = 0;
+  const latencyUs = [];
   const connection = async () => {
     while (sent < amount) {
       sent++;
-      if (await get(agent)) requests++;
-      else errors++;
+      const start = process.hrtime.bigint();
+      if (await get(agent)) {
+        requests++;
+        latencyUs.push(Math.round(since(start) / 1000));
+      } else errors++;
     }
   };
   await Promise.all(Array.from({ length: connections }, connection));
   agent.destroy();
-  return { requests, errors };
+  return { requests, errors, latencyUs };
 }
 
 let queue = Promise.resolve();

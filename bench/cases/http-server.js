@@ -5,8 +5,9 @@
 // spans); with 'none' it runs the same handler without any tracing.
 // The handler does a little JSON work and one await.
 //
-// Prints {"port", "pid"} once listening on 127.0.0.1; on stdin end or
-// SIGTERM it prints {"spans"} (spans exported) and exits.
+// Prints {"port", "pid", "managers"} (the kinds it has) once listening on
+// 127.0.0.1; on stdin end or SIGTERM it prints {"spans"} (spans exported)
+// and exits.
 //
 // params: { manager } (a kind, or a list of kinds to switch between:
 // bench/lib/common.js, answerSwitches)
@@ -39,7 +40,7 @@ const server = http.createServer(async (req, res) => {
 });
 
 server.listen(0, '127.0.0.1', () => {
-  report({ port: server.address().port, pid: process.pid });
+  report({ port: server.address().port, pid: process.pid, managers: tracing.kinds });
 });
 
 let stopping = false;

@@ -8,8 +8,8 @@
 // a server span, middleware and handler spans, and a client span; 'none'
 // runs the same service without any tracing.
 //
-// Prints {"port", "pid"} once listening on 127.0.0.1; on stdin end it
-// prints {"spans", "served"} and exits.
+// Prints {"port", "pid", "managers"} (the kinds it has) once listening on
+// 127.0.0.1; on stdin end it prints {"spans", "served"} and exits.
 //
 // params: { manager (a kind, or a list of kinds to switch between:
 // bench/lib/common.js, answerSwitches), upstream (base URL) }
@@ -77,7 +77,7 @@ app.get('/orders/:id', async (req, res, next) => {
   }
 });
 
-const server = app.listen(0, '127.0.0.1', () => report({ port: server.address().port, pid: process.pid }));
+const server = app.listen(0, '127.0.0.1', () => report({ port: server.address().port, pid: process.pid, managers: tracing.kinds }));
 
 async function stop() {
   server.close();

@@ -42,10 +42,15 @@ function installManager(kind) {
 
 /**
  * Creates (not enabled) the context manager of `kind`, or null for 'none'.
- * The floor's hooks are on while it is enabled.
+ * The floor's hooks are on while it is enabled. 'datadog' is the stock
+ * manager driving Datadog's writer (bench/lib/datadog.js); it throws where
+ * that writer cannot publish (unavailable()). Its `spanProcessor` belongs
+ * on the tracer provider (traceService adds it).
  */
 function createManager(kind) {
   switch (kind) {
+    case 'datadog':
+      return new (require('./datadog').DatadogContextManager)();
     case 'ours':
       return new (require(ROOT).ProfilingContextManager)();
     case 'record':
@@ -63,6 +68,18 @@ function createManager(kind) {
     default:
       throw new Error(`unknown manager kind: ${kind}`);
   }
+}
+
+/** Why the manager of `kind` cannot run in this process, or null when it can. */
+function unavailable(kind) {
+  return kind === 'datadog' ? require('./datadog').datadogUnavailable() : null;
+}
+
+/** Whether the manager of `kind` can run here; if not, says why on stderr. */
+function runsHere(kind) {
+  const reason = unavailable(kind);
+  if (reason !== null) process.stderr.write(`bench: leaving out ${kind}: ${reason}\n`);
+  return reason === null;
 }
 
 let sharedStorage = null;
@@ -131,11 +148,12 @@ function cpuNs() {
  * `use(kind)` makes another one the global context manager (disabling the
  * current one first, so only one set of hooks is ever on). Switch only
  * while no request is in flight, so that no request runs under two
- * managers.
+ * managers. Kinds of the list that cannot run here (unavailable()) are
+ * left out, with a line on stderr; `kinds` lists the ones kept.
  */
 function traceService(manager, instrumentations) {
   let exported = 0;
-  if (manager === 'none') return { shutdown: async () => exported };
+  if (manager === 'none') return { kinds: ['none'], shutdown: async () => exported };
   const { NodeTracerProvider, BatchSpanProcessor } = require('@opentelemetry/sdk-trace-node');
   const { registerInstrumentations } = require('@opentelemetry/instrumentation');
   const { context } = require('@opentelemetry/api');
@@ -147,13 +165,16 @@ function traceService(manager, instrumentations) {
     shutdown: () => Promise.resolve(),
     forceFlush: () => Promise.resolve(),
   };
-  const kinds = Array.isArray(manager) ? manager : [manager];
+  const kinds = Array.isArray(manager) ? manager.filter(runsHere) : [manager];
   const created = (kind) => (kinds.length > 1 ? shareStorage(createManager(kind)) : createManager(kind));
   const managers = new Map(kinds.map((kind) => [kind, created(kind)]));
-  const provider = new NodeTracerProvider({ spanProcessors: [new BatchSpanProcessor(exporter)] });
+  // A manager's own span processor (the Datadog peer's, ending its records) runs first.
+  const own = [...managers.values()].flatMap((m) => (m.spanProcessor ? [m.spanProcessor] : []));
+  const provider = new NodeTracerProvider({ spanProcessors: [...own, new BatchSpanProcessor(exporter)] });
   provider.register({ contextManager: managers.get(kinds[0]) });
   registerInstrumentations({ tracerProvider: provider, instrumentations: instrumentations() });
   return {
+    kinds,
     use(kind) {
       const next = managers.get(kind);
       if (next === undefined) throw new Error(`not one of this service's managers: ${kind}`);
@@ -185,20 +206,24 @@ function onLines(stream, onLine) {
  * For a server whose `tracing` switches managers: answers the parent's
  * stdin lines `use <kind>` (switches, then prints {"using", "manager"}, the
  * global manager's class name) and `mark`
- * (prints {"cpuNs"}, this process's CPU time so far, to the microsecond),
+ * (prints {"cpuNs", "heap"}: this process's CPU time so far, to the
+ * microsecond, and the heap since the previous mark, bench/lib/heap.js),
  * each with one JSON line on stdout. Calls `stop()` when stdin ends.
  */
 function answerSwitches(tracing, stop) {
+  const heap = require('./heap').heapWindows();
   onLines(process.stdin, (line) => {
     const [command, kind] = line.trim().split(' ');
     if (command === 'use') {
       tracing.use(kind);
       report({ using: kind, manager: require('@opentelemetry/api').context._getContextManager().constructor.name });
     } else if (command === 'mark') {
-      report({ cpuNs: cpuNs() });
+      // CPU first: of the heap read's few µs, only a burst's first falls in its CPU window.
+      const cpu = cpuNs();
+      report({ cpuNs: cpu, heap: heap() });
     }
   });
   process.stdin.on('end', stop);
 }
 
-module.exports = { ROOT, params, report, installManager, createManager, shareStorage, traceService, answerSwitches, onLines, spanContext, since, cpuNs, median };
+module.exports = { ROOT, params, report, installManager, createManager, unavailable, shareStorage, traceService, answerSwitches, onLines, spanContext, since, cpuNs, median };

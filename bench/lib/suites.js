@@ -12,7 +12,7 @@
 
 const { runCase, startCase, processCpuNs, canPin } = require('./processes');
 const { onLines } = require('./common');
-const { pairedMedian } = require('./stats');
+const { pairedMedian, median } = require('./stats');
 const { cycleOrder } = require('./turns');
 
 const count = (n, { quick, scale }) => Math.max(2, Math.round(n * (quick ? 0.25 : 1) * scale));
@@ -278,18 +278,35 @@ function lineControl(started) {
     });
 }
 
-/** The managers one switching server takes turns with. */
-const SWITCHED = ['stock', 'floor', 'ours'];
+/**
+ * The managers one switching server takes turns with. The server leaves
+ * out the ones that cannot run on its Node (the Datadog peer before Node
+ * 24: bench/lib/datadog.js) and names those it has; their rows show n/a.
+ */
+const SWITCHED = ['stock', 'floor', 'ours', 'datadog'];
+
+/** The `q` quantile of `values` (sorted in place), or NaN for none. */
+function quantile(values, q) {
+  if (values.length === 0) return NaN;
+  values.sort((a, b) => a - b);
+  return values[Math.min(values.length - 1, Math.floor(q * values.length))];
+}
 
 /**
  * One process, its managers taking turns: server CPU per request of each,
  * summed over `cycles` turns of `burst` requests. A turn starts with a
  * switch while no request is in flight and a tenth of a burst unmeasured;
- * the server measures its own CPU time around the burst. The process's
+ * the server measures its own CPU time around the burst, and the heap
+ * allocated and GCs in it (bench/lib/heap.js). The process's
  * speed phases then fall on every manager alike, which separate processes
- * do not share (BENCHMARKS.md, "Machine and noise in brief").
+ * do not share (BENCHMARKS.md, "Machine and noise in brief"). Latency
+ * percentiles are over every measured request of a manager's bursts.
  */
 async function switchingLoad(server, url, opts, { burst, cycles }) {
+  const switched = server.first.managers;
+  if (!Array.isArray(switched) || !switched.every((kind) => SWITCHED.includes(kind))) {
+    throw new Error(`the server switches between ${JSON.stringify(switched)}, not some of ${SWITCHED.join(', ')}`);
+  }
   const ask = lineControl(server);
   const generator = await startCase(process.execPath, 'http-bursts', { url, connections: 10 }, { core: 1 });
   try {
@@ -300,32 +317,57 @@ async function switchingLoad(server, url, opts, { burst, cycles }) {
       return result;
     };
     const requests = count(burst, opts);
-    const totals = Object.fromEntries(SWITCHED.map((kind) => [kind, { cpuNs: 0, requests: 0, bursts: [], manager: null }]));
+    const totals = Object.fromEntries(
+      switched.map((kind) => [
+        kind,
+        { cpuNs: 0, requests: 0, bursts: [], burstBytes: [], scavenges: 0, gcs: 0, latencyUs: [], manager: null },
+      ]),
+    );
     // Every manager's paths warm (and compiled) before anything is measured.
     for (let w = 0; w < 2; w++) {
-      for (const kind of SWITCHED) {
+      for (const kind of switched) {
         await ask(`use ${kind}`);
         await load(requests);
       }
     }
     const turns = opts.quick ? 1 : cycles;
     for (let c = 0; c < turns; c++) {
-      for (const kind of cycleOrder(SWITCHED, c)) {
-        totals[kind].manager = (await ask(`use ${kind}`)).manager;
+      for (const kind of cycleOrder(switched, c)) {
+        const t = totals[kind];
+        t.manager = (await ask(`use ${kind}`)).manager;
         await load(Math.max(2, Math.round(requests / 10)));
         const before = await ask('mark');
         const result = await load(requests);
         const after = await ask('mark');
-        totals[kind].cpuNs += after.cpuNs - before.cpuNs;
-        totals[kind].requests += result.requests;
-        totals[kind].bursts.push((after.cpuNs - before.cpuNs) / result.requests);
+        t.cpuNs += after.cpuNs - before.cpuNs;
+        t.requests += result.requests;
+        t.bursts.push((after.cpuNs - before.cpuNs) / result.requests);
+        t.burstBytes.push(after.heap.bytes / result.requests);
+        t.scavenges += after.heap.scavenges;
+        t.gcs += after.heap.gcs;
+        for (const us of result.latencyUs) t.latencyUs.push(us);
       }
     }
     await server.stop();
     return Object.fromEntries(
-      SWITCHED.map((kind) => {
-        const { cpuNs, requests: served, bursts, manager } = totals[kind];
-        return [kind, { cpuNsPerRequest: cpuNs / served, requests: served, bursts, manager }];
+      switched.map((kind) => {
+        const { cpuNs, requests: served, bursts, burstBytes, scavenges, gcs, latencyUs, manager } = totals[kind];
+        return [
+          kind,
+          {
+            cpuNsPerRequest: cpuNs / served,
+            // The median burst: a burst with one-off allocations of the JIT counts once.
+            bytesPerRequest: median(burstBytes),
+            scavengesPer10k: (scavenges * 1e4) / served,
+            gcsPer10k: (gcs * 1e4) / served,
+            p50Ms: quantile(latencyUs, 0.5) / 1000,
+            p99Ms: quantile(latencyUs, 0.99) / 1000,
+            requests: served,
+            bursts,
+            burstBytes,
+            manager,
+          },
+        ];
       }),
     );
   } finally {
@@ -333,31 +375,48 @@ async function switchingLoad(server, url, opts, { burst, cycles }) {
   }
 }
 
+/** A round's `field` of variant `a` over variant `b`'s, NaN (n/a) when either did not run. */
+const ratioOf = (field, a, b) => (r) => (r[a] && r[b] ? r[a][field] / r[b][field] : NaN);
+/** The same, the difference. */
+const differenceOf = (field, a, b) => (r) => (r[a] && r[b] ? r[a][field] - r[b][field] : NaN);
+
 /**
- * A switching suite: `title` names its rows, `detail` its detail row, and
+ * A switching suite: `title` names its rows, `detail` its detail rows, and
  * `runRound(node, opts)` runs one switching server (switchingLoad).
  */
 function switchingSuite(name, title, detail, runRound) {
+  const cpu = `${title} server CPU per request, one process switching managers`;
   return {
     name,
     variants: SWITCHED,
     rounds: { full: 3, quick: 1 },
     runRound,
     rows: [
+      { label: `${cpu} (ours/stock)`, unit: 'ratio', value: ratioOf('cpuNsPerRequest', 'ours', 'stock'), target: { n20: 1.05, n24: 1.05 } },
+      { label: `${cpu} (ours/floor)`, unit: 'ratio', value: ratioOf('cpuNsPerRequest', 'ours', 'floor'), target: null },
+      // The Datadog peer (Node 24 and later): its writer driven as a tracer drives it.
+      { label: `${cpu} (datadog/stock)`, unit: 'ratio', value: ratioOf('cpuNsPerRequest', 'datadog', 'stock'), target: null },
       {
-        label: `${title} server CPU per request, one process switching managers (ours/stock)`,
-        unit: 'ratio',
-        value: (r) => r.ours.cpuNsPerRequest / r.stock.cpuNsPerRequest,
-        target: { n20: 1.05, n24: 1.05 },
-      },
-      {
-        label: `${title} server CPU per request, one process switching managers (ours/floor)`,
-        unit: 'ratio',
-        value: (r) => r.ours.cpuNsPerRequest / r.floor.cpuNsPerRequest,
+        label: `${title} server bytes per request, switching managers (ours − stock)`,
+        unit: 'B+',
+        value: differenceOf('bytesPerRequest', 'ours', 'stock'),
         target: null,
       },
+      {
+        label: `${title} server bytes per request, switching managers (datadog − stock)`,
+        unit: 'B+',
+        value: differenceOf('bytesPerRequest', 'datadog', 'stock'),
+        target: null,
+      },
+      { label: `${title} p99 latency, switching managers (ours/stock)`, unit: 'ratio', value: ratioOf('p99Ms', 'ours', 'stock'), target: null },
+      { label: `${title} p99 latency, switching managers (datadog/stock)`, unit: 'ratio', value: ratioOf('p99Ms', 'datadog', 'stock'), target: null },
     ],
-    details: [{ label: `${detail} server CPU per request, switching managers`, field: 'cpuNsPerRequest', unit: 'us' }],
+    details: [
+      { label: `${detail} server CPU per request, switching managers`, field: 'cpuNsPerRequest', unit: 'us' },
+      { label: `${detail} server heap bytes per request, switching managers`, field: 'bytesPerRequest', unit: 'B' },
+      { label: `${detail} server scavenges per 10,000 requests, switching managers`, field: 'scavengesPer10k', unit: 'num' },
+      { label: `${detail} p99 latency, switching managers`, field: 'p99Ms', unit: 'ms' },
+    ],
   };
 }
 
@@ -382,6 +441,15 @@ const serviceSwitching = switchingSuite('service-switching', 'Express service', 
     }
   } finally {
     await upstream.stop();
+  }
+});
+
+const fastifySwitching = switchingSuite('fastify-switching', 'Fastify', 'fastify', async (node, opts) => {
+  const server = await startCase(node, 'fastify-server', { manager: SWITCHED }, { core: 0 });
+  try {
+    return await switchingLoad(server, `http://127.0.0.1:${server.first.port}/`, opts, { burst: 300, cycles: 80 });
+  } finally {
+    server.child.kill('SIGKILL');
   }
 });
 
@@ -468,6 +536,57 @@ const service = {
   ],
 };
 
+const fastify = {
+  name: 'fastify',
+  variants: ['none', 'stock', 'floor', 'ours'],
+  rounds: { full: 5, quick: 1 },
+  run: async (node, manager, opts) => {
+    const server = await startCase(node, 'fastify-server', { manager }, { core: 0 });
+    try {
+      return await loadServer(server, `http://127.0.0.1:${server.first.port}/`, manager, opts);
+    } finally {
+      server.child.kill('SIGKILL');
+    }
+  },
+  rows: [
+    {
+      label: 'Fastify server CPU per request (ours/stock)',
+      unit: 'ratio',
+      value: (r) => r.ours.cpuNsPerRequest / r.stock.cpuNsPerRequest,
+      target: { n20: 1.05, n24: 1.05 },
+    },
+    {
+      label: 'Fastify server CPU per request (ours/floor)',
+      unit: 'ratio',
+      value: (r) => r.ours.cpuNsPerRequest / r.floor.cpuNsPerRequest,
+      target: null,
+    },
+    {
+      label: 'Fastify requests/s (stock/ours)',
+      unit: 'ratio',
+      value: (r) => r.stock.rps / r.ours.rps,
+      target: null,
+    },
+    {
+      label: 'Fastify p99 latency (ours/stock)',
+      unit: 'ratio',
+      value: (r) => r.ours.p99Ms / r.stock.p99Ms,
+      target: null,
+    },
+    {
+      label: 'Fastify server CPU per request, stock tracing/no tracing',
+      unit: 'ratio',
+      value: (r) => r.stock.cpuNsPerRequest / r.none.cpuNsPerRequest,
+      target: null,
+    },
+  ],
+  details: [
+    { label: 'fastify requests/s', field: 'rps', unit: 'int' },
+    { label: 'fastify p99 latency', field: 'p99Ms', unit: 'ms' },
+    { label: 'fastify server CPU per request', field: 'cpuNsPerRequest', unit: 'us' },
+  ],
+};
+
 const memory = {
   name: 'memory',
   variants: ['stock', 'floor', 'ours'],
@@ -541,11 +660,24 @@ const direct = {
   rows: [
     { label: 'setSpanContext() per call', unit: 'ns', value: (r) => r.direct.setSpanContextNs, target: { n20: 50, n24: 50 } },
     { label: 'clearSpanContext() per call', unit: 'ns', value: (r) => r.direct.clearSpanContextNs, target: null },
-    { label: 'record-view publish() per transition', unit: 'ns', value: (r) => r.direct.publishNs, target: null },
+    { label: 'record mode switch (pointer store) per transition', unit: 'ns', value: (r) => r.direct.publishNs, target: null },
   ],
   details: [],
 };
 
-const SUITES = [sync, interleave, async, http, service, httpSwitching, serviceSwitching, memory, direct, workers];
+const SUITES = [
+  sync,
+  interleave,
+  async,
+  http,
+  service,
+  fastify,
+  httpSwitching,
+  serviceSwitching,
+  fastifySwitching,
+  memory,
+  direct,
+  workers,
+];
 
 module.exports = { SUITES };
