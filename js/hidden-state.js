@@ -1,7 +1,7 @@
 'use strict';
 // State the package keeps for objects it does not own (contexts, spans):
-// one value per object, in a private field added from outside the object's
-// class (a base constructor that returns the object it is given).
+// a private field added from outside the object's class, through a base
+// constructor that returns the object it is given.
 //
 // Private elements are not properties: Reflect.ownKeys, Object.keys,
 // for-in, JSON, structured clone, util.inspect and assert's comparisons
@@ -11,8 +11,13 @@
 // every entry an ephemeron the garbage collector must process, which with
 // one per span and per context made a traced server's scavenges far
 // longer (BENCHMARKS.md, "Where a request's extra microseconds go").
+//
+// Each kind of state is its own class written out where it is used
+// (`class XSlot extends Stamp { #x; ... }`), not one class made by a
+// factory: the accesses of a factory's class are shared code, and each of
+// its private names would make them polymorphic.
 
-/** Returns its argument from a constructor, so a subclass's fields land on that object. */
+/** Returns its argument from a constructor, so a subclass's private fields land on that object. */
 class Stamp {
   constructor(target) {
     // eslint-disable-next-line no-constructor-return
@@ -20,30 +25,4 @@ class Stamp {
   }
 }
 
-/**
- * A new private slot: `get(object)` (undefined while unset) and
- * `set(object, value)`. Each call makes a distinct slot. `object` must be
- * an object or a function (callers check).
- */
-function privateSlot() {
-  class Slot extends Stamp {
-    #value;
-
-    constructor(target, value) {
-      super(target);
-      this.#value = value;
-    }
-
-    static get(target) {
-      return #value in target ? target.#value : undefined;
-    }
-
-    static set(target, value) {
-      if (#value in target) target.#value = value;
-      else new Slot(target, value);
-    }
-  }
-  return { get: Slot.get, set: Slot.set };
-}
-
-module.exports = { privateSlot };
+module.exports = { Stamp };

@@ -25,10 +25,28 @@
 // server span only as the response ends).
 
 const { context: contextApi, trace } = require('@opentelemetry/api');
-const { privateSlot } = require('./hidden-state');
+const { Stamp } = require('./hidden-state');
 
 /** Each span's LocalRoot, once found, in a private field of the span. */
-const roots = privateSlot();
+class LocalRootSlot extends Stamp {
+  #root;
+
+  constructor(span, root) {
+    super(span);
+    this.#root = root;
+  }
+
+  /** The LocalRoot of `span` (an object), undefined until found. */
+  static get(span) {
+    return #root in span ? span.#root : undefined;
+  }
+
+  /** Set once per span. */
+  static set(span, root) {
+    if (!(#root in span)) new LocalRootSlot(span, root);
+  }
+}
+const roots = LocalRootSlot;
 
 /** The endpoint keys (set by the publishing manager's schema). */
 let endpointKeys = [];

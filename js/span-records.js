@@ -26,7 +26,7 @@ const view = require('./record-view');
 const sdkResource = require('./sdk-resource');
 const localRoot = require('./local-root');
 const { methodObserver } = require('./span-methods');
-const { privateSlot } = require('./hidden-state');
+const { Stamp } = require('./hidden-state');
 
 const { offsets } = abi.record;
 const TAIL_INDEX_U32 = offsets.valid / 4;
@@ -117,7 +117,25 @@ class SpanRecord {
 }
 
 /** Each span's record (null: the span publishes nothing), in a private field of the span. */
-const records = privateSlot();
+class SpanRecordSlot extends Stamp {
+  #record;
+
+  constructor(span, record) {
+    super(span);
+    this.#record = record;
+  }
+
+  /** The record of `span` (an object), undefined before its first. */
+  static get(span) {
+    return #record in span ? span.#record : undefined;
+  }
+
+  static set(span, record) {
+    if (#record in span) span.#record = record;
+    else new SpanRecordSlot(span, record);
+  }
+}
+const records = SpanRecordSlot;
 
 /** The publishing manager's AttributeSchema (null: no attributes). */
 let schema = null;

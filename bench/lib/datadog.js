@@ -41,7 +41,23 @@ function datadogUnavailable() {
 }
 
 /** The native context of each span entered so far. */
-const threadContexts = require('../../js/hidden-state').privateSlot();
+class ThreadContextSlot extends require('../../js/hidden-state').Stamp {
+  #threadContext;
+
+  constructor(span, threadContext) {
+    super(span);
+    this.#threadContext = threadContext;
+  }
+
+  static get(span) {
+    return #threadContext in span ? span.#threadContext : undefined;
+  }
+
+  static set(span, threadContext) {
+    if (!(#threadContext in span)) new ThreadContextSlot(span, threadContext);
+  }
+}
+const threadContexts = ThreadContextSlot;
 
 /** The ThreadContext of `span`, made on its first entry. */
 function threadContextOf(span) {

@@ -23,7 +23,7 @@ const { diag, trace } = require('@opentelemetry/api');
 const binding = require('../binding');
 const view = require('../record-view');
 const spanRecords = require('../span-records');
-const { privateSlot } = require('../hidden-state');
+const { Stamp } = require('../hidden-state');
 
 const { HEADER_RECORD_SIZE, RECORD_ALIGN } = spanRecords;
 
@@ -40,7 +40,25 @@ class ContextWrapper extends Uint8Array {
 }
 
 /** Each context's wrapper, made at its first with(), in a private field of the context. */
-const wrappers = privateSlot();
+class WrapperSlot extends Stamp {
+  #wrapper;
+
+  constructor(context, wrapper) {
+    super(context);
+    this.#wrapper = wrapper;
+  }
+
+  /** The wrapper of `context` (an object or function), undefined before its first with(). */
+  static get(context) {
+    return #wrapper in context ? context.#wrapper : undefined;
+  }
+
+  static set(context, wrapper) {
+    if (#wrapper in context) context.#wrapper = wrapper;
+    else new WrapperSlot(context, wrapper);
+  }
+}
+const wrappers = WrapperSlot;
 
 /** This thread's record of "no span" (valid = 0, never written). */
 let noSpanRecord = null;

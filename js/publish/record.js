@@ -23,7 +23,7 @@ const binding = require('../binding');
 const view = require('../record-view');
 const continuations = require('../continuations');
 const spanRecords = require('../span-records');
-const { privateSlot } = require('../hidden-state');
+const { Stamp } = require('../hidden-state');
 const abi = require('../abi');
 
 const HEADER_SIZE = abi.record.headerSize;
@@ -36,7 +36,25 @@ let active = false;
  * context (nothing observable is added: ../hidden-state.js). Primitives
  * and contexts without getValue() publish no span.
  */
-const contextRecords = privateSlot();
+class ContextRecordSlot extends Stamp {
+  #record;
+
+  constructor(context, record) {
+    super(context);
+    this.#record = record;
+  }
+
+  /** The record of `context` (an object or function), undefined before its first publication. */
+  static get(context) {
+    return #record in context ? context.#record : undefined;
+  }
+
+  static set(context, record) {
+    if (#record in context) context.#record = record;
+    else new ContextRecordSlot(context, record);
+  }
+}
+const contextRecords = ContextRecordSlot;
 
 /** What "no span" publishes: a record that is never valid. */
 const NO_SPAN = spanRecords.blankRecord();
