@@ -44,7 +44,7 @@ const ATTRS_CAPACITY = abi.record.attrsCapacity;
  */
 const LATER_VALUES_ROOM = 96;
 /** Bytes per slab of records: one napi call and one finalizer per this many bytes of spans. */
-const SLAB_BYTES = 16384;
+const SLAB_BYTES = 65536;
 
 /** Records are carved from slabs: native memory where external buffers are allowed. */
 class Slab {

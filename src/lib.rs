@@ -66,11 +66,13 @@ pub fn abi_layout() -> abi_layout::AbiLayout {
 pub struct ThreadInfo {
     /// Kernel thread id.
     pub tid: i32,
-    /// Address of this thread's record (what `otel_thread_ctx_v1` points at).
+    /// Address of this thread's own record (what `otel_thread_ctx_v1`
+    /// points at with no span; record mode points it at span records).
     pub record_address: BigInt,
     /// Address of this thread's `otel_thread_ctx_v1` variable.
     pub tls_address: BigInt,
-    /// Value of this thread's `otel_thread_ctx_v1` now.
+    /// Value of this thread's `otel_thread_ctx_v1` now: the record a reader
+    /// reads.
     pub tls_value: BigInt,
     /// Slot index in the process-wide registry.
     pub slot: u32,

@@ -55,6 +55,9 @@ function createManager(kind) {
       return new (require(ROOT).ProfilingContextManager)();
     case 'record':
       return new (require(ROOT).ProfilingContextManager)({ mode: 'record' });
+    case 'bare':
+      // The line's default mode without the identity attributes.
+      return new (require(ROOT).ProfilingContextManager)({ spanName: false, localRootSpanId: false, localRootAttributes: [] });
     case 'floor':
       return new (require('./floor').FloorContextManager)();
     case 'store':

@@ -283,7 +283,7 @@ function lineControl(started) {
  * out the ones that cannot run on its Node (the Datadog peer before Node
  * 24: bench/lib/datadog.js) and names those it has; their rows show n/a.
  */
-const SWITCHED = ['stock', 'floor', 'ours', 'datadog'];
+const SWITCHED = ['stock', 'floor', 'ours', 'bare', 'record', 'datadog'];
 
 /** The `q` quantile of `values` (sorted in place), or NaN for none. */
 function quantile(values, q) {
@@ -392,7 +392,10 @@ function switchingSuite(name, title, detail, runRound) {
     rounds: { full: 3, quick: 1 },
     runRound,
     rows: [
-      { label: `${cpu} (ours/stock)`, unit: 'ratio', value: ratioOf('cpuNsPerRequest', 'ours', 'stock'), target: { n20: 1.05, n24: 1.05 } },
+      { label: `${cpu} (ours/stock)`, unit: 'ratio', value: ratioOf('cpuNsPerRequest', 'ours', 'stock'), target: { n20: 1.02, n24: 1.02 } },
+      // Span name, local root id and route off ('bare'), and record mode where the default is frame.
+      { label: `${cpu}, identity attributes off (bare/stock)`, unit: 'ratio', value: ratioOf('cpuNsPerRequest', 'bare', 'stock'), target: { n20: 1.01, n24: 1.01 } },
+      { label: `${cpu}, record mode (record/stock)`, unit: 'ratio', value: ratioOf('cpuNsPerRequest', 'record', 'stock'), target: null },
       { label: `${cpu} (ours/floor)`, unit: 'ratio', value: ratioOf('cpuNsPerRequest', 'ours', 'floor'), target: null },
       // The Datadog peer (Node 24 and later): its writer driven as a tracer drives it.
       { label: `${cpu} (datadog/stock)`, unit: 'ratio', value: ratioOf('cpuNsPerRequest', 'datadog', 'stock'), target: null },
