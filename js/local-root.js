@@ -78,8 +78,6 @@ class LocalRoot {
     this.values = null;
     /** Keys whose value came from the local root itself (it then wins); null until one did. */
     this.fromRoot = null;
-    /** The span id as published bytes (set at its first encoding). */
-    this.spanIdBytes = undefined;
     /** The first of the live records of the tree, linked through `nextInTree` (./span-records.js). */
     this.records = null;
   }

@@ -68,13 +68,6 @@ function valueBytesOf(text) {
   return bytes;
 }
 
-/** The bytes of an ASCII string (a hex id), without a Buffer. */
-function asciiBytes(text) {
-  const bytes = new Uint8Array(text.length);
-  for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
-  return bytes;
-}
-
 /** The key of the span's name in the key map. */
 const SPAN_NAME_KEY = abi.attrs.spanNameKey;
 /** The key of the local root span's id (16 lowercase hex digits). */
@@ -192,7 +185,7 @@ class AttributeSchema {
     let size = 0;
     if (root !== null) {
       if (this.localRootSpanId && root.spanId !== '') {
-        size = this.put(out, at, size, capacity, 0, (root.spanIdBytes ??= asciiBytes(root.spanId)));
+        size = this.putAscii(out, at, size, capacity, 0, root.spanId);
       }
       for (let i = 0; i < this.endpointKeys.length; i++) {
         size = this.putText(out, at, size, capacity, this.endpointPositions[i], root.value(this.endpointKeys[i]));
@@ -217,6 +210,20 @@ class AttributeSchema {
   putText(out, at, size, capacity, position, value) {
     const text = attributeText(value);
     return text === undefined ? size : this.put(out, at, size, capacity, position, valueBytesOf(text));
+  }
+
+  /** put() for an ASCII string (a hex id), written from its characters: no bytes to allocate. */
+  putAscii(out, at, size, capacity, position, text) {
+    const length = text.length;
+    if (size + 2 + length > capacity) return size;
+    const index = this.keyIndex(position);
+    if (index < 0) return size;
+    let offset = at + size;
+    out[offset] = index;
+    out[offset + 1] = length;
+    offset += 2;
+    for (let k = 0; k < length; k++) out[offset + k] = text.charCodeAt(k);
+    return size + 2 + length;
   }
 
   /** Writes the entry of key `position` with `valueBytes` if it fits; the new size. */

@@ -91,8 +91,8 @@ class SpanRecord {
     /** Index of its first word in the slab's word view. */
     this.base = slab.used / 4;
     this.size = size;
-    /** Its address as pointer bits (./publish/record.js stores it), or 0 where not native. */
-    this.address = slab.address === 0 ? 0 : view.pointerBits(slab.address + slab.used);
+    /** Its address as pointer bits, made at its first publication in record mode (pointerBits()). */
+    this.address = 0;
     /** Record mode's slot for it while it may be published (0: none yet). */
     this.slot = 0;
     this.span = span;
@@ -140,7 +140,7 @@ const records = SpanRecordSlot;
 /** The publishing manager's AttributeSchema (null: no attributes). */
 let schema = null;
 
-/** Where attributes are encoded before their record's size is known. */
+/** Where a record's attributes are encoded again before they replace its own. */
 const scratch = new Uint8Array(ATTRS_CAPACITY);
 
 /** The record size for `attrsSize` bytes of attributes, a multiple of the record alignment. */
@@ -217,6 +217,17 @@ function rewrite(record) {
   write(record, attrsSize);
 }
 
+/**
+ * `record`'s address as view.pointerBits(), what record mode stores into
+ * the thread's pointer; 0 where records are not native memory. Made once,
+ * on first use: frame mode never needs it.
+ */
+function pointerOf(record) {
+  let bits = record.address;
+  if (bits === 0 && record.slab.address !== 0) record.address = bits = view.pointerBits(record.slab.address + record.byteOffset);
+  return bits;
+}
+
 /** A record that publishes nothing, ever (valid = 0, never written). */
 function blankRecord() {
   const record = new SpanRecord(carve(HEADER_RECORD_SIZE), HEADER_RECORD_SIZE, null, 0, null, null, undefined, null, true);
@@ -246,23 +257,33 @@ function newRecord(span) {
   if (typeof sc !== 'object' || sc === null) return null;
   const flags = view.validFlags(sc.traceFlags);
   if (flags < 0) return null;
+  if (!view.decodeIds(sc.traceId, sc.spanId)) return null;
+  // decodedIds hold until the next decode: nothing below decodes.
   let root = null;
   let name;
   let seen = null;
   let attrsSize = 0;
-  if (schema !== null) {
+  let size = HEADER_RECORD_SIZE;
+  let slab;
+  if (schema === null) {
+    slab = carve(size);
+  } else {
     root = schema.needsRoot ? localRoot.localRootOf(span) : null;
     if (schema.ownKeys.length !== 0) seen = new Array(schema.ownKeys.length);
     name = span.name;
-    attrsSize = schema.encodeInto(scratch, 0, ATTRS_CAPACITY, span, root, seen);
+    // Encoded in place, with room for the largest record reserved: the
+    // bytes past `used` belong to no record yet, and the record keeps
+    // only the size its attributes need.
+    slab = carve(FULL_RECORD_SIZE);
+    attrsSize = schema.encodeInto(slab.bytes, slab.used + offsets.attrsData, ATTRS_CAPACITY, span, root, seen);
+    size = recordSize(attrsSize);
   }
-  // Decoded last: decodedIds hold until the next decode.
-  if (!view.decodeIds(sc.traceId, sc.spanId)) return null;
-  const size = schema === null ? HEADER_RECORD_SIZE : recordSize(attrsSize);
-  const record = new SpanRecord(carve(size), size, span, flags, schema, root, name, seen, observed);
-  record.slab.used += size;
+  const record = new SpanRecord(slab, size, span, flags, schema, root, name, seen, observed);
+  slab.used += size;
   writeIds(record);
-  write(record, attrsSize);
+  record.attrsSize = attrsSize;
+  // ORDER: the tail word (valid = 1) last, after the ids and attributes.
+  slab.words[record.base + TAIL_INDEX_U32] = view.tailWord(flags, attrsSize);
   if (root !== null) linkIntoTree(record);
   return record;
 }
@@ -393,6 +414,7 @@ module.exports = {
   recordOf,
   isCurrent,
   isFresh,
+  pointerOf,
   spanEnded,
   blankRecord,
   configure,

@@ -91,7 +91,7 @@ function pointAt(record) {
   // sampler sees, and the record it points at is complete.
   if (ring[slot] !== record) ring[slot] = record;
   heldSlot = slot;
-  view.pointAt(record.address);
+  view.pointAt(spanRecords.pointerOf(record));
 }
 
 /**
