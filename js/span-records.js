@@ -402,21 +402,13 @@ function configure(nextSchema) {
   localRoot.configure(schema === null ? [] : schema.endpointKeys, endpointChanged);
 }
 
-/** Why records are not native memory here, or null. */
-function noNativeRecordsReason() {
-  return noExternalSlabs;
-}
-
 module.exports = {
   HEADER_RECORD_SIZE,
   RECORD_ALIGN,
-  SpanRecord,
   recordOf,
-  isCurrent,
   isFresh,
   pointerOf,
   spanEnded,
   blankRecord,
   configure,
-  noNativeRecordsReason,
 };

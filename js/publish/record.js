@@ -28,9 +28,6 @@ const abi = require('../abi');
 
 const HEADER_SIZE = abi.record.headerSize;
 
-/** Whether a record-mode manager publishes on this thread. */
-let active = false;
-
 /**
  * Each context's span record, or NO_SPAN, in a private field of the
  * context (nothing observable is added: ../hidden-state.js). Primitives
@@ -184,7 +181,6 @@ function republish(record) {
 
 /** Makes `manager` (record mode) the thread's publisher. */
 function activate(manager) {
-  active = true;
   spanRecords.configure(manager._attributeSchema);
   continuations.activate(manager, publishContext);
   binding.setClearOnIdle(true);
@@ -193,16 +189,10 @@ function activate(manager) {
 
 /** Stops `manager` publishing records; the pointer is left at the thread's own record, invalid. */
 function deactivate(manager) {
-  active = false;
   continuations.deactivate(manager);
   spanRecords.configure(null);
   binding.setClearOnIdle(false);
   view.clear();
 }
 
-/** Whether a record-mode manager publishes on this thread now. */
-function isActive() {
-  return active;
-}
-
-module.exports = { NO_SPAN, activate, deactivate, publishContext, republish, publishedRecord, isActive };
+module.exports = { activate, deactivate, publishContext, republish, publishedRecord };
