@@ -16,7 +16,8 @@
 //   isCurrent() when it enters the span;
 // - records are carved out of slabs of native memory, each behind an
 //   external ArrayBuffer (no napi call per span, no finalizer per span); a
-//   slab is unmapped by its buffer's finalizer once nothing references it;
+//   slab's memory goes back to the addon (src/span_slab.rs) when its
+//   buffer's finalizer runs, once nothing references it;
 // - nothing observable is added to spans or contexts: a span's record is
 //   held in a private field (./hidden-state.js).
 
@@ -43,8 +44,12 @@ const ATTRS_CAPACITY = abi.record.attrsCapacity;
  * whole, as one past the record's size always is.
  */
 const LATER_VALUES_ROOM = 96;
-/** Bytes per slab of records: one napi call and one finalizer per this many bytes of spans. */
-const SLAB_BYTES = 65536;
+/**
+ * Bytes per slab of records: one napi call and one finalizer per this many
+ * bytes of spans, and what one long-lived record (a span a timer's frame
+ * keeps) holds mapped.
+ */
+const SLAB_BYTES = 32768;
 
 /** Records are carved from slabs: native memory where external buffers are allowed. */
 class Slab {
