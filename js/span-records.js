@@ -242,16 +242,28 @@ function blankRecord() {
 }
 
 /**
- * Observes `end()`, `setAttribute()`, `setAttributes()` and `updateName()`
- * of a span's class, once per prototype: true when they report to this
- * module (./span-methods.js).
+ * Observers of a span class's methods, each wrapping its methods once per
+ * prototype (./span-methods.js) and saying whether they report here:
+ * `end()` always; `setAttribute()`/`setAttributes()` where the schema
+ * publishes attributes, `updateName()` where it publishes the name. A
+ * class is wrapped only for what some manager publishes: a method call
+ * through a wrapper costs a few ns more.
  */
-const observeSpanClass = methodObserver([
-  ['end', endObserved],
+const observeEnd = methodObserver([['end', endObserved]]);
+const observeAttributes = methodObserver([
   ['setAttribute', attributeSet],
   ['setAttributes', changeObserved],
-  ['updateName', changeObserved],
 ]);
+const observeName = methodObserver([['updateName', changeObserved]]);
+
+/** Whether `span`'s class reports every change that matters to what the schema publishes. */
+function observeSpanClass(span) {
+  const ended = observeEnd(span);
+  if (schema === null) return ended;
+  const attributes = schema.watchedKeys.length === 0 || observeAttributes(span);
+  const name = !schema.spanName || observeName(span);
+  return ended && attributes && name;
+}
 
 /** A new record for `span`, or null when it publishes no span. */
 function newRecord(span) {
