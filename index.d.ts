@@ -124,11 +124,16 @@ export declare function clearSpanContext(): void;
 export interface ThreadInfo {
   /** Kernel thread id. */
   tid: number;
-  /** Address of this thread's record, what `otel_thread_ctx_v1` points at. */
+  /**
+   * Address of this thread's own record: the one the direct API writes and
+   * `otel_thread_ctx_v1` points at with no span (and while the event loop
+   * is idle). In record mode the variable points at the active span's own
+   * record instead (see `tlsValue`).
+   */
   recordAddress: bigint;
   /** Address of this thread's `otel_thread_ctx_v1` TLS variable. */
   tlsAddress: bigint;
-  /** Current value of this thread's `otel_thread_ctx_v1`. */
+  /** Current value of this thread's `otel_thread_ctx_v1`: the record a reader reads now. */
   tlsValue: bigint;
   /** Index of the record slot in the process-wide registry. */
   slot: number;
