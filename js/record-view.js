@@ -211,11 +211,6 @@ function pointAt(recordBits) {
   pointer[0] = recordBits;
 }
 
-/** The record the thread's pointer points at now, as pointerBits(). */
-function pointedAt() {
-  return pointer[0];
-}
-
 // The writers where the record cannot be viewed: records are built in
 // plain buffers and copied into the thread's own record by the native side
 // with the protocol (the pointer stays on it).
@@ -256,5 +251,5 @@ function clearThroughNapi() {
 const shared = { validFlags, tailWord, decodeIds, decodedIds, pointerBits, LITTLE_ENDIAN };
 module.exports =
   noViewReason === null
-    ? { ...shared, publishIds, clear, pointAt, pointedAt, ownRecordBits, writer: 'view' }
-    : { ...shared, publishIds: publishIdsThroughNapi, clear: clearThroughNapi, copyThroughNapi, writer: 'napi' };
+    ? { ...shared, pointer, publishIds, clear, pointAt, writer: 'view' }
+    : { ...shared, pointer: null, publishIds: publishIdsThroughNapi, clear: clearThroughNapi, copyThroughNapi, writer: 'napi' };

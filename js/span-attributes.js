@@ -212,32 +212,35 @@ class AttributeSchema {
     return text === undefined ? size : this.put(out, at, size, capacity, position, valueBytesOf(text));
   }
 
-  /** put() for an ASCII string (a hex id), written from its characters: no bytes to allocate. */
-  putAscii(out, at, size, capacity, position, text) {
-    const length = text.length;
-    if (size + 2 + length > capacity) return size;
+  /**
+   * Writes the header of an entry of key `position` with `length` bytes of
+   * value if it fits: where its value goes, or -1 (left out whole).
+   */
+  entryAt(out, at, size, capacity, position, length) {
+    if (size + 2 + length > capacity) return -1;
     const index = this.keyIndex(position);
-    if (index < 0) return size;
-    let offset = at + size;
-    out[offset] = index;
-    out[offset + 1] = length;
-    offset += 2;
-    for (let k = 0; k < length; k++) out[offset + k] = text.charCodeAt(k);
-    return size + 2 + length;
+    if (index < 0) return -1;
+    out[at + size] = index;
+    out[at + size + 1] = length;
+    return at + size + 2;
   }
 
   /** Writes the entry of key `position` with `valueBytes` if it fits; the new size. */
   put(out, at, size, capacity, position, valueBytes) {
     const length = valueBytes.length;
-    if (size + 2 + length > capacity) return size;
-    const index = this.keyIndex(position);
-    if (index < 0) return size;
-    let offset = at + size;
-    out[offset] = index;
-    out[offset + 1] = length;
-    offset += 2;
+    const offset = this.entryAt(out, at, size, capacity, position, length);
+    if (offset < 0) return size;
     // A byte loop: a typed array's set() costs more than these few bytes.
     for (let k = 0; k < length; k++) out[offset + k] = valueBytes[k];
+    return size + 2 + length;
+  }
+
+  /** put() for an ASCII string (a hex id), written from its characters: no bytes to allocate. */
+  putAscii(out, at, size, capacity, position, text) {
+    const length = text.length;
+    const offset = this.entryAt(out, at, size, capacity, position, length);
+    if (offset < 0) return size;
+    for (let k = 0; k < length; k++) out[offset + k] = text.charCodeAt(k);
     return size + 2 + length;
   }
 

@@ -205,11 +205,19 @@ function unlinkFromTree(record) {
   record.nextInTree = null;
 }
 
-/** Stops `record` publishing its span, for good. */
+/**
+ * Stops `record` publishing its span, for good, and lets go of the span:
+ * a record can outlive it (record mode's ring, a frame a timer keeps), and
+ * an ended span and its attributes should not live on through it.
+ */
 function end(record) {
   record.ended = true;
   record.slab.words[record.base + TAIL_INDEX_U32] = 0;
   unlinkFromTree(record);
+  record.span = null;
+  record.root = null;
+  record.seen = null;
+  record.name = undefined;
 }
 
 /** Encodes what its span publishes now into `record`, in place (what fits its size). */

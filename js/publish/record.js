@@ -41,7 +41,7 @@ class ContextRecordSlot extends Stamp {
     this.#record = record;
   }
 
-  /** The record of `context` (an object or function), undefined before its first publication. */
+  /** The record of `context` (an object), undefined before its first publication. */
   static get(context) {
     return #record in context ? context.#record : undefined;
   }
@@ -51,10 +51,15 @@ class ContextRecordSlot extends Stamp {
     else new ContextRecordSlot(context, record);
   }
 }
-const contextRecords = ContextRecordSlot;
 
-/** What "no span" publishes: a record that is never valid. */
-const NO_SPAN = spanRecords.blankRecord();
+/** The thread's `otel_thread_ctx_v1` as one double (../record-view.js), or null (no external buffers). */
+const pointer = view.pointer;
+
+/**
+ * The schema of the publishing manager: a cached record encoded for it,
+ * of a span whose class reports its changes, is published as it is.
+ */
+let schema = null;
 
 /**
  * The records the pointer pointed at most recently, by slot (slot 0:
@@ -63,32 +68,43 @@ const NO_SPAN = spanRecords.blankRecord();
  * a slot number, not as an object: storing an object into long-lived state
  * costs a write barrier, at every switch. A slot is taken over only when
  * another record with the same slot is published, so the ring keeps at most
- * RING_SIZE - 1 records (and their spans) alive beyond their use.
+ * RING_SIZE - 1 records alive beyond their use (an ended span's record no
+ * longer holds the span).
  */
 const RING_SIZE = 256;
-const ring = new Array(RING_SIZE).fill(NO_SPAN);
 let lastSlot = 0;
 /** The slot of the record the pointer was pointed at last. */
 let heldSlot = 0;
 
-/** The next record's slot, round-robin over 1..RING_SIZE - 1. */
-function nextSlot() {
-  lastSlot = lastSlot === RING_SIZE - 1 ? 1 : lastSlot + 1;
-  return lastSlot;
+/**
+ * Readies `record` for the pointer, once: its slot (round-robin over
+ * 1..RING_SIZE - 1) and its address as pointer bits.
+ */
+function prepare(record) {
+  if (record.slot === 0 && record.span !== null) {
+    lastSlot = lastSlot === RING_SIZE - 1 ? 1 : lastSlot + 1;
+    record.slot = lastSlot;
+  }
+  spanRecords.pointerOf(record);
+  return record;
 }
 
+/** What "no span" publishes: a record that is never valid, in slot 0. */
+const NO_SPAN = prepare(spanRecords.blankRecord());
+const ring = new Array(RING_SIZE).fill(NO_SPAN);
+
 /**
- * Makes `record` the thread's published record: one 8-byte store of its
- * address into the thread's pointer, after making sure the ring holds it.
+ * Makes `record` (prepared) the thread's published record: one aligned
+ * 8-byte store of its address into the thread's pointer, which a sampler
+ * interrupting the thread sees whole or not at all.
  */
 function pointAt(record) {
-  let slot = record.slot;
-  if (slot === 0 && record !== NO_SPAN) record.slot = slot = nextSlot();
+  const slot = record.slot;
   // ORDER: the ring is JavaScript's own state; the pointer store is what a
   // sampler sees, and the record it points at is complete.
   if (ring[slot] !== record) ring[slot] = record;
   heldSlot = slot;
-  view.pointAt(spanRecords.pointerOf(record));
+  pointer[0] = record.address;
 }
 
 /**
@@ -98,12 +114,12 @@ function pointAt(record) {
  */
 function pointedRecord() {
   const held = ring[heldSlot];
-  return view.pointedAt() === held.address ? held : NO_SPAN;
+  return pointer[0] === held.address ? held : NO_SPAN;
 }
 
 // Where records are not native memory (no external buffers), there is no
 // pointer to swap: every switch copies the record's bytes into the
-// thread's own record through a napi call (./record-view.js).
+// thread's own record through a napi call (../record-view.js).
 
 let copiedRecord = NO_SPAN;
 
@@ -113,22 +129,18 @@ function copy(record) {
   else view.copyThroughNapi(record.slab.bytes, record.byteOffset, HEADER_SIZE + record.attrsSize);
 }
 
-const publish = view.writer === 'napi' ? copy : pointAt;
-const publishedRecord = view.writer === 'napi' ? () => copiedRecord : pointedRecord;
+const publish = pointer === null ? copy : pointAt;
+const publishedRecord = pointer === null ? () => copiedRecord : pointedRecord;
 
-/** The record of a context not looked up yet. May throw (a context's or span's getters). */
-function lookupRecord(ctx) {
-  if (typeof ctx.getValue !== 'function') return NO_SPAN;
-  return spanRecords.recordOf(trace.getSpan(ctx)) ?? NO_SPAN;
-}
-
-/** The record `ctx` publishes now (cached on first sight). May throw. */
-function recordFor(ctx) {
-  if (typeof ctx !== 'object' || ctx === null) return NO_SPAN;
-  const cached = contextRecords.get(ctx);
-  if (cached !== undefined && (cached === NO_SPAN || spanRecords.isFresh(cached))) return cached;
-  const record = lookupRecord(ctx);
-  contextRecords.set(ctx, record);
+/**
+ * The record `ctx` (an object) publishes, looked up again: its cached one
+ * if still current (a span whose class is not observed), else its span's,
+ * cached on it. May throw (a context's or span's getters).
+ */
+function refresh(ctx, cached) {
+  if (cached !== undefined && cached !== NO_SPAN && spanRecords.isFresh(cached)) return cached;
+  const record = typeof ctx.getValue === 'function' ? (spanRecords.recordOf(trace.getSpan(ctx)) ?? NO_SPAN) : NO_SPAN;
+  ContextRecordSlot.set(ctx, prepare(record));
   return record;
 }
 
@@ -142,7 +154,7 @@ let failureReported = false;
 function publishFailure(ctx, error) {
   publish(NO_SPAN);
   try {
-    contextRecords.set(ctx, NO_SPAN);
+    ContextRecordSlot.set(ctx, NO_SPAN);
   } catch {
     // Not an object: nothing to remember.
   }
@@ -158,13 +170,19 @@ function publishFailure(ctx, error) {
 /**
  * Publishes the span of `ctx`, whatever `ctx` is. Runs inside async hooks,
  * so it cannot throw (try/catch costs nothing on the path that does not
- * throw). The hot path is one private-field lookup and one pointer store; a
- * record whose span ended publishes `valid = 0` from where it is, as its
+ * throw). The hot path, a context seen before whose span's class reports
+ * its changes, is a private-field load, two checks and the pointer store;
+ * a record whose span ended publishes `valid = 0` from where it is, as its
  * span's end() wrote it.
  */
 function publishContext(ctx) {
   try {
-    publish(recordFor(ctx));
+    let record = NO_SPAN;
+    if (typeof ctx === 'object' && ctx !== null) {
+      record = ContextRecordSlot.get(ctx);
+      if (record === undefined || (record !== NO_SPAN && (record.schema !== schema || !record.observed))) record = refresh(ctx, record);
+    }
+    publish(record);
   } catch (error) {
     publishFailure(ctx, error);
   }
@@ -173,7 +191,10 @@ function publishContext(ctx) {
 /** Publishes `record` again (the pointer's record before a with() call). Cannot throw. */
 function republish(record) {
   try {
-    publish(record === NO_SPAN || spanRecords.isFresh(record) ? record : (spanRecords.recordOf(record.span) ?? NO_SPAN));
+    if (record !== NO_SPAN && (record.schema !== schema || !record.observed) && !spanRecords.isFresh(record)) {
+      record = prepare(spanRecords.recordOf(record.span) ?? NO_SPAN);
+    }
+    publish(record);
   } catch (error) {
     publishFailure(record.span, error);
   }
@@ -181,7 +202,8 @@ function republish(record) {
 
 /** Makes `manager` (record mode) the thread's publisher. */
 function activate(manager) {
-  spanRecords.configure(manager._attributeSchema);
+  schema = manager._attributeSchema;
+  spanRecords.configure(schema);
   continuations.activate(manager, publishContext);
   binding.setClearOnIdle(true);
   publishContext(manager.active());
@@ -190,6 +212,7 @@ function activate(manager) {
 /** Stops `manager` publishing records; the pointer is left at the thread's own record, invalid. */
 function deactivate(manager) {
   continuations.deactivate(manager);
+  schema = null;
   spanRecords.configure(null);
   binding.setClearOnIdle(false);
   view.clear();
