@@ -83,16 +83,27 @@ test('bench/run.js --quick runs the interleave, service and memory cases with st
   }
 });
 
-test('bench/run.js --quick runs the switching suites: one server taking turns with stock, the floor and ours', () => {
-  const { stdout, results } = runBench(['--rounds', '1', '--only', 'http-switching,service-switching', '--scale', '0.2'], 120000);
-  assert.match(stdout, /\| http server CPU per request, one process switching managers \(ours\/stock\) \| \d+\.\d\d/);
-  assert.match(stdout, /\| Express service server CPU per request, one process switching managers \(ours\/stock\) \| \d+\.\d\d/);
-  const classes = { stock: 'AsyncLocalStorageContextManager', floor: 'FloorContextManager', ours: 'ProfilingContextManager' };
-  for (const suite of ['http-switching', 'service-switching']) {
+test('bench/run.js --quick runs the switching suites: one server taking turns with stock, the floor, ours, identity off, record mode and (Node 24+) Datadog\'s writer', () => {
+  const { stdout, results } = runBench(['--rounds', '1', '--only', 'http-switching,service-switching,fastify-switching', '--scale', '0.2'], 180000);
+  for (const title of ['http', 'Express service', 'Fastify']) {
+    assert.match(stdout, new RegExp(`\\| ${title} server CPU per request, one process switching managers \\(ours/stock\\) \\| \\d+\\.\\d\\d`));
+    assert.match(stdout, new RegExp(`\\| ${title} server CPU per request, one process switching managers, identity attributes off \\(bare/stock\\) \\| \\d+\\.\\d\\d`));
+  }
+  const classes = {
+    stock: 'AsyncLocalStorageContextManager',
+    floor: 'FloorContextManager',
+    ours: 'ProfilingContextManager',
+    bare: 'ProfilingContextManager',
+    record: 'ProfilingContextManager',
+  };
+  // Datadog's writer publishes only where AsyncLocalStorage runs on AsyncContextFrame.
+  if (Number(process.versions.node.split('.')[0]) >= 24) classes.datadog = 'DatadogContextManager';
+  for (const suite of ['http-switching', 'service-switching', 'fastify-switching']) {
     const [round] = results[suite][process.versions.node].rounds;
     for (const [variant, manager] of Object.entries(classes)) {
       assert.strictEqual(round[variant].manager, manager, `${suite} ${variant}`);
       assert.ok(round[variant].requests > 0 && round[variant].cpuNsPerRequest > 0, `${suite} ${variant}`);
+      assert.ok(Number.isFinite(round[variant].bytesPerRequest), `${suite} ${variant}: heap bytes per request`);
     }
   }
 });
