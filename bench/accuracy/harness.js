@@ -100,7 +100,10 @@ async function runAccuracy(options = {}) {
     const mainTid = threads[0].tid;
     // The mode in force, as every thread reports it (the default: the manager's choice).
     const modes = new Set(threads.map((t) => t.mode));
-    if (modes.size !== 1) throw new Error(`threads publish in different modes: ${[...modes].join(', ')}`);
+    if (modes.size !== 1) {
+      const why = threads.map((t) => `${t.tid} ${t.mode}${t.frameUnavailableReason ? ` (${t.frameUnavailableReason})` : ''}`);
+      throw new Error(`threads publish in different modes: ${why.join('; ')}`);
+    }
     const [modeInForce] = modes;
     const result = { node, pid, threads: threads.length, mode: modeInForce };
 

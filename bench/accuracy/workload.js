@@ -327,6 +327,8 @@ function describeThread() {
     tlsAddress: String(info.tlsAddress),
     recordAddress: String(info.recordAddress),
     mode: info.mode,
+    // Why frame mode is not in force on the thread (null when it is).
+    frameUnavailableReason: info.frameUnavailableReason,
     // Frame mode: where the thread's otel_thread_ctx_nodejs_v1 block is, and
     // where wrappers keep their record's address.
     frameTlsAddress: info.frame === null ? null : String(info.frame.tlsAddress),

@@ -148,6 +148,9 @@ function inScratchFrame(fn) {
   return asyncHooks.AsyncLocalStorage.snapshot()(fn);
 }
 
+/** Tries of discover() before frame mode is given up on a thread. */
+const DISCOVERY_ATTEMPTS = 3;
+
 /** This thread's discovered offsets, or the reason there are none. */
 let discovered = null;
 
@@ -195,11 +198,19 @@ function discover() {
 function availability(storage) {
   try {
     discovered ??= (() => {
-      try {
-        return { offsets: discover() };
-      } catch (error) {
-        return { reason: error.message };
+      // The scans read a few words past our own objects, so an unrelated
+      // word can match once, e.g. when a scavenge has just placed a buffer's
+      // object right after its wrapper. Fresh objects on another try do not
+      // repeat that; a layout that is really different fails every try.
+      let reason = null;
+      for (let attempt = 0; attempt < DISCOVERY_ATTEMPTS; attempt++) {
+        try {
+          return { offsets: discover() };
+        } catch (error) {
+          reason = error.message;
+        }
       }
+      return { reason };
     })();
     if (discovered.reason !== undefined) return discovered;
     const { cpedOffset, recordOffset } = discovered.offsets;
