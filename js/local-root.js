@@ -177,16 +177,10 @@ function spanStarted(span, parentContext) {
   }
 }
 
-/** Whether `key` is one of the endpoint keys. */
-function isEndpointKey(key) {
-  for (let i = 0; i < endpointKeys.length; i++) if (endpointKeys[i] === key) return true;
-  return false;
-}
-
 /** Sets the endpoint keys (a new publishing schema) and the change listener. */
 function configure(keys, onChange) {
   endpointKeys = keys;
   changed = onChange;
 }
 
-module.exports = { localRootOf, knownLocalRoot, spanStarted, configure, attributeText, isEndpointKey };
+module.exports = { localRootOf, knownLocalRoot, spanStarted, configure, attributeText };

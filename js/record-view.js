@@ -248,7 +248,7 @@ function clearThroughNapi() {
   binding.clearRecord();
 }
 
-const shared = { validFlags, tailWord, decodeIds, decodedIds, pointerBits, LITTLE_ENDIAN };
+const shared = { validFlags, tailWord, decodeIds, decodedIds, pointerBits };
 module.exports =
   noViewReason === null
     ? { ...shared, pointer, publishIds, clear, pointAt, writer: 'view' }
