@@ -23,7 +23,6 @@ const recordMode = require('./publish/record');
 const frameMode = require('./publish/frame');
 const { schemaFromOptions } = require('./span-attributes');
 
-const { publishContext, republish } = recordMode;
 const MODES = ['record', 'frame'];
 const MODE_VARIABLE = 'OTEL_THREAD_CTX_MODE';
 
@@ -215,8 +214,10 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
   }
 
   active() {
-    if (!this._frame) return this._asyncLocalStorage.getStore() ?? ROOT_CONTEXT;
-    return frameMode.contextOf(this._asyncLocalStorage.getStore()) ?? ROOT_CONTEXT;
+    // Both modes store an object per context (frame: a wrapper; record: a
+    // store) whose `context` is what with() was given.
+    const store = this._asyncLocalStorage.getStore();
+    return (store === undefined ? undefined : store.context) ?? ROOT_CONTEXT;
   }
 
   with(context, fn, thisArg, ...args) {
@@ -226,25 +227,28 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     const cb = thisArg == null ? fn : fn.bind(thisArg);
     // Frame mode: one run() with the context's wrapper, nothing else.
     if (this._frame) return this._asyncLocalStorage.run(frameMode.wrapperFor(context), cb, ...args);
-    if (!this._publishing) return this._asyncLocalStorage.run(context, cb, ...args);
+    const store = recordMode.storeFor(context);
+    if (!this._publishing) return this._asyncLocalStorage.run(store, cb, ...args);
     const outer = recordMode.publishedRecord();
-    publishContext(context);
+    recordMode.enter(store);
     try {
-      return this._asyncLocalStorage.run(context, cb, ...args);
+      return this._asyncLocalStorage.run(store, cb, ...args);
     } finally {
-      republish(outer);
+      recordMode.republish(outer);
     }
   }
 
   attach(context) {
-    if (this._frame) return attachWrapper(this._asyncLocalStorage, frameMode.wrapperFor(context));
-    const token = super.attach(context);
+    const storage = this._asyncLocalStorage;
+    if (this._frame) return attachWrapper(storage, frameMode.wrapperFor(context));
+    const store = recordMode.storeFor(context);
+    const token = attachWrapper(storage, store);
     if (!this._publishing) return token;
-    publishContext(context);
+    recordMode.enter(store);
     const manager = this;
     const dispose = () => {
       token.dispose();
-      if (manager._publishing) publishContext(manager.active());
+      if (manager._publishing) recordMode.publishStore(storage.getStore());
     };
     const wrapped = { dispose };
     if (typeof Symbol.dispose === 'symbol') wrapped[Symbol.dispose] = dispose;
@@ -253,8 +257,9 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
 }
 
 /**
- * The stock attach() for a store that is a wrapper: the base class's
- * fallback would restore `active()` (a context, not its wrapper).
+ * The stock attach() for a store that wraps the context (a frame wrapper,
+ * a record store): the base class's fallback would restore `active()` (a
+ * context, not its store).
  */
 function attachWrapper(storage, wrapper) {
   if (typeof storage.withScope === 'function') return storage.withScope(wrapper);

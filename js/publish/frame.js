@@ -124,11 +124,6 @@ function wrapperFor(context) {
   }
 }
 
-/** The context a stored wrapper stands for (`active()` without the ROOT fallback). */
-function contextOf(store) {
-  return store === undefined ? undefined : store.context;
-}
-
 /** True when AsyncLocalStorage is implemented with AsyncContextFrame. */
 function usesAsyncContextFrame() {
   // The async_hooks-based implementation keeps its store under a per-instance
@@ -248,4 +243,4 @@ function deactivate() {
   view.clear();
 }
 
-module.exports = { wrapperFor, contextOf, availability, activate, deactivate, usesAsyncContextFrame };
+module.exports = { wrapperFor, availability, activate, deactivate, usesAsyncContextFrame };

@@ -9,11 +9,12 @@
 // per switch.
 //
 // Where the active context changes, and who publishes it:
-// - `with()` / `bind()` / `attach()`: the manager calls publishContext()
-//   on entry and republish() on exit (exit by throw included);
+// - `with()` / `bind()` / `attach()`: the manager stores the context's
+//   store (storeFor()), calls enter() on entry and republish() on exit
+//   (exit by throw included);
 // - a callback starting in a stored context (await continuation, timer,
 //   immediate, nextTick, queueMicrotask, I/O callback): the hooks in
-//   ../continuations.js call publishContext();
+//   ../continuations.js call publishStore() with the storage's store;
 // - the event loop going idle: the native side points the pointer back at
 //   the thread's own record, invalid, from a libuv prepare handle right
 //   before the thread blocks (src/idle.rs).
@@ -27,30 +28,6 @@ const { Stamp } = require('../hidden-state');
 const abi = require('../abi');
 
 const HEADER_SIZE = abi.record.headerSize;
-
-/**
- * Each context's span record, or NO_SPAN, in a private field of the
- * context (nothing observable is added: ../hidden-state.js). Primitives
- * and contexts without getValue() publish no span.
- */
-class ContextRecordSlot extends Stamp {
-  #record;
-
-  constructor(context, record) {
-    super(context);
-    this.#record = record;
-  }
-
-  /** The record of `context` (an object), undefined before its first publication. */
-  static get(context) {
-    return #record in context ? context.#record : undefined;
-  }
-
-  static set(context, record) {
-    if (#record in context) context.#record = record;
-    else new ContextRecordSlot(context, record);
-  }
-}
 
 /** The thread's `otel_thread_ctx_v1` as one double (../record-view.js), or null (no external buffers). */
 const pointer = view.pointer;
@@ -133,15 +110,36 @@ const publish = pointer === null ? copy : pointAt;
 const publishedRecord = pointer === null ? () => copiedRecord : pointedRecord;
 
 /**
- * The record `ctx` (an object) publishes, looked up again: its cached one
- * if still current (a span whose class is not observed), else its span's,
- * cached on it. May throw (a context's or span's getters).
+ * What a record-mode manager's AsyncLocalStorage stores for a context: the
+ * context, as active() returns it, and the prepared record it publishes.
+ * A callback start then reads the record straight from the store, with no
+ * lookup on the context.
  */
-function refresh(ctx, cached) {
-  if (cached !== undefined && cached !== NO_SPAN && spanRecords.isFresh(cached)) return cached;
-  const record = typeof ctx.getValue === 'function' ? (spanRecords.recordOf(trace.getSpan(ctx)) ?? NO_SPAN) : NO_SPAN;
-  ContextRecordSlot.set(ctx, prepare(record));
-  return record;
+class RecordStore {
+  constructor(context, record) {
+    this.context = context;
+    this.record = record;
+  }
+}
+
+/** Each context's store, made at its first with(), in a private field of the context (../hidden-state.js). */
+class StoreSlot extends Stamp {
+  #store;
+
+  constructor(context, store) {
+    super(context);
+    this.#store = store;
+  }
+
+  /** The store of `context` (an object or function), undefined before its first with(). */
+  static get(context) {
+    return #store in context ? context.#store : undefined;
+  }
+
+  static set(context, store) {
+    if (#store in context) context.#store = store;
+    else new StoreSlot(context, store);
+  }
 }
 
 let failureReported = false;
@@ -151,13 +149,7 @@ let failureReported = false;
  * getValue or spanContext) publishes no span; the first such failure on
  * the thread is reported through diag. Cannot throw.
  */
-function publishFailure(ctx, error) {
-  publish(NO_SPAN);
-  try {
-    ContextRecordSlot.set(ctx, NO_SPAN);
-  } catch {
-    // Not an object: nothing to remember.
-  }
+function reportFailure(error) {
   if (failureReported) return;
   failureReported = true;
   try {
@@ -167,25 +159,82 @@ function publishFailure(ctx, error) {
   }
 }
 
+/** The prepared record `context` (an object or function) publishes now. May throw (a context's or span's getters). */
+function recordFor(context) {
+  if (typeof context.getValue !== 'function') return NO_SPAN;
+  return prepare(spanRecords.recordOf(trace.getSpan(context)) ?? NO_SPAN);
+}
+
+let undefinedStore = null;
+let nullStore = null;
+
 /**
- * Publishes the span of `ctx`, whatever `ctx` is. Runs inside async hooks,
- * so it cannot throw (try/catch costs nothing on the path that does not
- * throw). The hot path, a context seen before whose span's class reports
- * its changes, is a private-field load, two checks and the pointer store;
- * a record whose span ended publishes `valid = 0` from where it is, as its
+ * What the manager's AsyncLocalStorage stores for `context`, any value as
+ * with the stock manager, its record current. A context seen before whose
+ * span's class reports its changes costs one private-field lookup and two
+ * checks. Cannot throw.
+ */
+function storeFor(context) {
+  if (typeof context !== 'object' || context === null) {
+    if (context === undefined) return (undefinedStore ??= new RecordStore(undefined, NO_SPAN));
+    if (context === null) return (nullStore ??= new RecordStore(null, NO_SPAN));
+    // Any other value may be a context too (functions included).
+    if (typeof context !== 'function') return new RecordStore(context, NO_SPAN);
+  }
+  let store;
+  try {
+    store = StoreSlot.get(context);
+    if (store === undefined) {
+      store = new RecordStore(context, NO_SPAN);
+      StoreSlot.set(context, store);
+      store.record = recordFor(context);
+    } else {
+      const record = store.record;
+      if (record !== NO_SPAN && !spanRecords.isFresh(record)) store.record = recordFor(context);
+    }
+    return store;
+  } catch (error) {
+    reportFailure(error);
+    if (store === undefined) return new RecordStore(context, NO_SPAN);
+    store.record = NO_SPAN;
+    return store;
+  }
+}
+
+/**
+ * The record a stored value publishes, its freshness checked: a store from
+ * storeFor(); anything else (a value put into the storage by other code)
+ * publishes no span. May throw.
+ */
+function storedRecord(store) {
+  if (store === undefined) return NO_SPAN;
+  const record = store.record;
+  if (record === NO_SPAN) return NO_SPAN;
+  if (record !== undefined && record !== null && record.schema === schema && record.observed) return record;
+  if (!(store instanceof RecordStore)) return NO_SPAN;
+  return storeFor(store.context).record;
+}
+
+/**
+ * Publishes what `store` (the storage's current store) stands for. Runs
+ * inside async hooks, so it cannot throw (try/catch costs nothing on the
+ * path that does not throw). The hot path, a store whose record is of an
+ * observed span class, is two loads, two checks and the pointer store; a
+ * record whose span ended publishes `valid = 0` from where it is, as its
  * span's end() wrote it.
  */
-function publishContext(ctx) {
+function publishStore(store) {
   try {
-    let record = NO_SPAN;
-    if (typeof ctx === 'object' && ctx !== null) {
-      record = ContextRecordSlot.get(ctx);
-      if (record === undefined || (record !== NO_SPAN && (record.schema !== schema || !record.observed))) record = refresh(ctx, record);
-    }
-    publish(record);
+    publish(storedRecord(store));
   } catch (error) {
-    publishFailure(ctx, error);
+    publish(NO_SPAN);
+    reportFailure(error);
   }
+}
+
+/** Publishes the record of `store`, just made current by storeFor(), as with() and attach() enter it. Cannot throw. */
+function enter(store) {
+  publish(store.record);
 }
 
 /** Publishes `record` again (the pointer's record before a with() call). Cannot throw. */
@@ -196,7 +245,8 @@ function republish(record) {
     }
     publish(record);
   } catch (error) {
-    publishFailure(record.span, error);
+    publish(NO_SPAN);
+    reportFailure(error);
   }
 }
 
@@ -204,9 +254,9 @@ function republish(record) {
 function activate(manager) {
   schema = manager._attributeSchema;
   spanRecords.configure(schema);
-  continuations.activate(manager, publishContext);
+  continuations.activate(manager, publishStore);
   binding.setClearOnIdle(true);
-  publishContext(manager.active());
+  publishStore(manager._asyncLocalStorage.getStore());
 }
 
 /** Stops `manager` publishing records; the pointer is left at the thread's own record, invalid. */
@@ -218,4 +268,4 @@ function deactivate(manager) {
   view.clear();
 }
 
-module.exports = { activate, deactivate, publishContext, republish, publishedRecord };
+module.exports = { activate, deactivate, storeFor, enter, publishStore, republish, publishedRecord };
