@@ -82,6 +82,47 @@ test('a route set after span start is published when the span is resumed', async
   });
 });
 
+test("a span class whose setAttributes() does not go through setAttribute(): the configured keys it sets are published", async () => {
+  // Not the SDK's class: its setAttributes() stores the values itself.
+  class OwnSpan {
+    constructor() {
+      this.attributes = { [METHOD]: 'GET' };
+      this.ended = false;
+    }
+    spanContext() {
+      return { traceId: 'c'.repeat(32), spanId: 'd'.repeat(16), traceFlags: 1 };
+    }
+    setAttribute(key, value) {
+      this.attributes[key] = value;
+      return this;
+    }
+    setAttributes(attributes) {
+      Object.assign(this.attributes, attributes);
+      return this;
+    }
+    end() {
+      this.ended = true;
+    }
+  }
+  const span = new OwnSpan();
+  const { trace } = require('@opentelemetry/api');
+  await context.with(trace.setSpan(context.active(), span), async () => {
+    assert.deepStrictEqual(published().attributes, { [METHOD]: 'GET' });
+    span.setAttributes({ 'not.configured': 1 });
+    await null;
+    assert.deepStrictEqual(published().attributes, { [METHOD]: 'GET' }, 'keys the record does not carry change nothing');
+    span.setAttributes({ [ROUTE]: '/own/:id', 'not.configured': 2 });
+    await null; // resumed: the new value is published
+    const r = published();
+    assert.strictEqual(r.spanId, 'd'.repeat(16));
+    assert.deepStrictEqual(r.attributes, { [ROUTE]: '/own/:id', [METHOD]: 'GET' });
+    span.setAttributes({ [METHOD]: 'PUT' });
+    await new Promise((resolve) => setTimeout(resolve, 1));
+    assert.deepStrictEqual(published().attributes, { [ROUTE]: '/own/:id', [METHOD]: 'PUT' });
+    span.end();
+  });
+});
+
 test('child spans publish their own attributes and the parent\'s come back', async () => {
   await tracer.startActiveSpan('parent', { attributes: { [ROUTE]: '/parent' } }, async (parent) => {
     await tracer.startActiveSpan('child', { attributes: { [ROUTE]: '/child' } }, async (child) => {

@@ -260,7 +260,7 @@ function blankRecord() {
 const observeEnd = methodObserver([['end', endObserved]]);
 const observeAttributes = methodObserver([
   ['setAttribute', attributeSet],
-  ['setAttributes', changeObserved],
+  ['setAttributes', attributesSet],
 ]);
 const observeName = methodObserver([['updateName', changeObserved]]);
 
@@ -385,6 +385,27 @@ function endObserved(span) {
 /** setAttribute(key): only the keys a record carries matter. Cannot throw. */
 function attributeSet(span, key) {
   if (schema !== null && schema.watches(key)) changeObserved(span);
+}
+
+/**
+ * setAttributes(attributes): only when it carries a key a record carries.
+ * The SDK's own setAttributes() calls setAttribute() per key as well, but
+ * other span classes need not. Cannot throw.
+ */
+function attributesSet(span, attributes) {
+  if (schema === null) return;
+  try {
+    if (typeof attributes !== 'object' || attributes === null) return;
+    const keys = schema.watchedKeys;
+    for (let i = 0; i < keys.length; i++) {
+      if (attributes[keys[i]] !== undefined) {
+        changeObserved(span);
+        return;
+      }
+    }
+  } catch {
+    // A throwing attribute getter: the record follows at the next with().
+  }
 }
 
 /**
