@@ -21,6 +21,7 @@
 // - nothing observable is added to spans or contexts: a span's record is
 //   held in a private field (./hidden-state.js).
 
+const { diag } = require('@opentelemetry/api');
 const abi = require('./abi');
 const binding = require('./binding');
 const view = require('./record-view');
@@ -442,6 +443,24 @@ function endpointChanged(root) {
   }
 }
 
+let unreadableReported = false;
+
+/**
+ * Either mode met a context whose span could not be read (a throwing
+ * getter, Proxy trap, getValue or spanContext) and publishes no span for
+ * it; the first such failure on the thread is reported through diag.
+ * Cannot throw.
+ */
+function reportUnreadableSpan(error) {
+  if (unreadableReported) return;
+  unreadableReported = true;
+  try {
+    diag.warn(`otel-thread-ctx: a context's span could not be read, no span is published for it: ${error}`);
+  } catch {
+    // A throwing diag logger or error (toString): nothing else to report to.
+  }
+}
+
 /** Sets the publishing manager's schema (null: none, or no manager publishing). */
 function configure(nextSchema) {
   schema = nextSchema;
@@ -456,5 +475,6 @@ module.exports = {
   pointerOf,
   spanEnded,
   blankRecord,
+  reportUnreadableSpan,
   configure,
 };

@@ -19,7 +19,7 @@
 //   our own objects and ended at the expected record (see `availability`).
 
 const asyncHooks = require('node:async_hooks');
-const { diag, trace } = require('@opentelemetry/api');
+const { trace } = require('@opentelemetry/api');
 const binding = require('../binding');
 const view = require('../record-view');
 const spanRecords = require('../span-records');
@@ -69,24 +69,13 @@ function noSpanWrapper(context) {
   return new ContextWrapper(noSpanRecord.slab.buffer, noSpanRecord.byteOffset, HEADER_RECORD_SIZE, context, null);
 }
 
-let failureReported = false;
-function reportFailure(error) {
-  if (failureReported) return;
-  failureReported = true;
-  try {
-    diag.warn(`otel-thread-ctx: a context's span could not be read, no span is published for it: ${error}`);
-  } catch {
-    // A throwing diag logger or error: nothing else to report to.
-  }
-}
-
 /** A new wrapper of `context` (an object), remembered for it. */
 function newWrapper(context) {
   let record = null;
   try {
     if (typeof context.getValue === 'function') record = spanRecords.recordOf(trace.getSpan(context));
   } catch (error) {
-    reportFailure(error);
+    spanRecords.reportUnreadableSpan(error);
   }
   const wrapper =
     record === null ? noSpanWrapper(context) : new ContextWrapper(record.slab.buffer, record.byteOffset, record.size, context, record);
@@ -119,7 +108,7 @@ function wrapperFor(context) {
     }
     return newWrapper(context);
   } catch (error) {
-    reportFailure(error);
+    spanRecords.reportUnreadableSpan(error);
     return noSpanWrapper(context);
   }
 }

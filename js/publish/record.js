@@ -19,7 +19,7 @@
 //   the thread's own record, invalid, from a libuv prepare handle right
 //   before the thread blocks (src/idle.rs).
 
-const { diag, trace } = require('@opentelemetry/api');
+const { trace } = require('@opentelemetry/api');
 const binding = require('../binding');
 const view = require('../record-view');
 const continuations = require('../continuations');
@@ -142,23 +142,6 @@ class StoreSlot extends Stamp {
   }
 }
 
-let failureReported = false;
-
-/**
- * A context whose span could not be read (a throwing getter, Proxy trap,
- * getValue or spanContext) publishes no span; the first such failure on
- * the thread is reported through diag. Cannot throw.
- */
-function reportFailure(error) {
-  if (failureReported) return;
-  failureReported = true;
-  try {
-    diag.warn(`otel-thread-ctx: a context's span could not be read, no span is published for it: ${error}`);
-  } catch {
-    // A throwing diag logger or error (toString): nothing else to report to.
-  }
-}
-
 /** The prepared record `context` (an object or function) publishes now. May throw (a context's or span's getters). */
 function recordFor(context) {
   if (typeof context.getValue !== 'function') return NO_SPAN;
@@ -194,7 +177,7 @@ function storeFor(context) {
     }
     return store;
   } catch (error) {
-    reportFailure(error);
+    spanRecords.reportUnreadableSpan(error);
     if (store === undefined) return new RecordStore(context, NO_SPAN);
     store.record = NO_SPAN;
     return store;
@@ -228,7 +211,7 @@ function publishStore(store) {
     publish(storedRecord(store));
   } catch (error) {
     publish(NO_SPAN);
-    reportFailure(error);
+    spanRecords.reportUnreadableSpan(error);
   }
 }
 
@@ -246,7 +229,7 @@ function republish(record) {
     publish(record);
   } catch (error) {
     publish(NO_SPAN);
-    reportFailure(error);
+    spanRecords.reportUnreadableSpan(error);
   }
 }
 
