@@ -78,20 +78,10 @@ pub fn span_name_label(e: &Entry) -> String {
     }
 }
 
-/// A frame's name without V8's tier marker (`JS:*f`, `JS:^f`, `JS:~f`,
-/// `JS:+f` are one function compiled by different tiers): one function is
-/// one box, however often it was recompiled during the run.
-pub fn function_name(name: &str) -> std::borrow::Cow<'_, str> {
-    match name.strip_prefix("JS:") {
-        Some(rest) if rest.starts_with(['*', '^', '~', '+']) => format!("JS:{}", &rest[1..]).into(),
-        _ => name.into(),
-    }
-}
-
 /// Frame names root first; kernel frames get inferno's `_[k]` suffix.
 fn frames(e: &Entry) -> impl Iterator<Item = String> + '_ {
     e.frames.iter().rev().map(|f| {
-        let name = function_name(&f.name).replace(';', ":");
+        let name = f.name.replace(';', ":");
         if f.module == "[kernel]" {
             format!("{name}_[k]")
         } else {
@@ -242,14 +232,6 @@ pub fn svg(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn v8_tiers_of_one_function_are_one_name() {
-        assert_eq!(function_name("JS:*sort /a.js:1:2"), "JS:sort /a.js:1:2");
-        assert_eq!(function_name("JS:^sort /a.js:1:2"), "JS:sort /a.js:1:2");
-        assert_eq!(function_name("JS:~sort /a.js:1:2"), "JS:sort /a.js:1:2");
-        assert_eq!(function_name("uv_run"), "uv_run");
-    }
 
     #[test]
     fn the_whole_run_is_rooted_at_the_endpoint_by_default() {

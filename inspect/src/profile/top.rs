@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
-use super::flame::{endpoint_label, function_name, span_name_label};
+use super::flame::{endpoint_label, span_name_label};
 use super::kernel::Kind;
 use super::model::{Entry, Profile};
 
@@ -107,13 +107,11 @@ pub fn tables(p: &Profile) -> String {
     for e in p.entries.iter().filter(|e| e.kind == Kind::OnCpu) {
         let user_leaf = e.frames.iter().find(|f| f.module != "[kernel]");
         if let Some(leaf) = user_leaf.or(e.frames.first()) {
-            *self_ns
-                .entry(function_name(&leaf.name).into_owned())
-                .or_default() += e.total_ns();
+            *self_ns.entry(leaf.name.clone()).or_default() += e.total_ns();
         }
         let mut seen = HashSet::new();
         for f in &e.frames {
-            let name = function_name(&f.name).into_owned();
+            let name = f.name.clone();
             if seen.insert(name.clone()) {
                 *total_ns.entry(name).or_default() += e.total_ns();
             }
