@@ -236,3 +236,44 @@ test('profile without privileges or target says why', { skip: READER === null ? 
   assert.strictEqual(r.status, 2);
   assert.match(r.stderr, /no kernel sampler|root, or with CAP_BPF and CAP_PERFMON|no such process/);
 });
+
+test('profile checks every output path before it samples', { skip: READER === null ? 'the reader is not built' : false }, async (t) => {
+  const target = spawn('sleep', ['60'], { stdio: 'ignore' });
+  t.after(async () => {
+    target.kill('SIGKILL');
+    await exited(target);
+  });
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-outputs-'));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  // The whole-run file's directory is missing; the per-trace files' names
+  // (the whole-run name with a trace id added) are too long.
+  const cases = [
+    { args: ['-o', '/nonexistent/dir/x.pb.gz'], path: '/nonexistent/dir/x.pb.gz', why: /No such file or directory/ },
+    { args: ['--format', 'svg', '-o', path.join(dir, `${'a'.repeat(240)}.svg`)], path: `${'a'.repeat(240)}.${'0'.repeat(32)}.svg`, why: /File name too long/ },
+  ];
+  for (const c of cases) {
+    const started = Date.now();
+    const r = spawnSync(READER, ['profile', '--pid', String(target.pid), '--duration', '30', ...c.args], { encoding: 'utf8', timeout: 25000 });
+    const took = Date.now() - started;
+    assert.strictEqual(r.status, 2, r.stderr);
+    assert.ok(took < 10000, `failed after ${took} ms, not before sampling`);
+    assert.ok(r.stderr.includes(c.path), r.stderr);
+    assert.match(r.stderr, c.why);
+    assert.match(r.stderr, /nothing was sampled/);
+  }
+  assert.deepStrictEqual(fs.readdirSync(dir), []);
+});
+
+test('profile of a process that publishes no thread context says so before it samples', { skip: skip ?? false }, async (t) => {
+  const target = spawn('sleep', ['60'], { stdio: 'ignore' });
+  t.after(async () => {
+    target.kill('SIGKILL');
+    await exited(target);
+  });
+  // Until it has executed sleep, the child is a copy of this process.
+  while (fs.readFileSync(`/proc/${target.pid}/comm`, 'utf8') !== 'sleep\n') await new Promise((resolve) => setTimeout(resolve, 5));
+  const r = spawnSync(READER, ['profile', '--pid', String(target.pid), '--duration', '1', '--format', 'top'], { encoding: 'utf8' });
+  assert.strictEqual(r.status, 0, r.stderr);
+  const lines = r.stderr.split('\n');
+  assert.match(lines[0], new RegExp(`^otel-thread-ctx: pid ${target.pid} publishes no thread context: .*otel_thread_ctx_v1.*otel_thread_ctx_nodejs_v1.*no sample will carry a trace or span$`));
+});

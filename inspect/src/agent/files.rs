@@ -16,9 +16,12 @@ pub struct Files {
 }
 
 impl Files {
-    /// Creates the directory when needed.
+    /// Creates the directory when needed, and checks that files can be
+    /// written in it: otherwise the agent would sample for a whole interval
+    /// before finding out.
     pub fn new(dir: &Path, max_bytes: u64) -> io::Result<Files> {
         fs::create_dir_all(dir)?;
+        crate::profile::check_writable(&dir.join(format!(".{PREFIX}check{SUFFIX}.partial")))?;
         Ok(Files {
             dir: dir.to_path_buf(),
             max_bytes,
@@ -77,6 +80,22 @@ impl Files {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_directory_files_cannot_be_written_in_is_refused_at_once() {
+        // It exists, so creating it succeeds; no file can be made in it.
+        assert!(Files::new(Path::new("/proc"), 250).is_err());
+        assert!(Files::new(Path::new("/proc/self/nonexistent"), 250).is_err());
+        let dir = std::env::temp_dir().join(format!(
+            "otel-thread-ctx-files-check-{}",
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        Files::new(&dir, 250).unwrap();
+        // The check leaves nothing behind.
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn the_oldest_files_go_past_the_bound() {

@@ -165,6 +165,14 @@ pub enum ProfileError {
     Unprivileged,
     #[error(transparent)]
     Attach(#[from] kernel::AttachError),
+    #[error("cannot write {what} {}: {source}; nothing was sampled", .path.display())]
+    Output {
+        /// What the path is for: the profile, or one of its per-trace files.
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot write {}: {source}", .path.display())]
     Write {
         path: PathBuf,
@@ -179,6 +187,7 @@ pub enum ProfileError {
 
 /// Runs the profile and writes its output.
 pub fn run(opts: &Options) -> Result<Report, Fatal> {
+    check_outputs(opts)?;
     if let Some(reason) = kernel::unavailable() {
         return Err(ProfileError::NoSampler(reason).into());
     }
@@ -186,6 +195,10 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
         return Err(ProfileError::Unprivileged.into());
     }
     let target = Target::open(opts.pid)?;
+    if let Some(note) = no_context_note(opts.pid, &target) {
+        // Now rather than in the summary: the run takes its whole duration.
+        eprintln!("otel-thread-ctx: {note}");
+    }
     let (mut plan, mut lines) = target_plan(opts.pid, &target);
     let pool = if opts.threadpool {
         threadpool::find(opts.pid, &target.maps)
@@ -202,6 +215,74 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
         other => other,
     };
     sample(opts, target, plan, pool, lines)
+}
+
+/// The file `opts` writes the profile to, when it writes one (`--format
+/// top` without `-o` prints it instead).
+fn output_path(opts: &Options) -> Option<PathBuf> {
+    match (&opts.output, opts.format) {
+        (Some(path), _) => Some(path.clone()),
+        (None, Format::Top) => None,
+        (None, format) => Some(PathBuf::from(format!(
+            "profile-{}.{}",
+            opts.pid,
+            format.extension()
+        ))),
+    }
+}
+
+/// Checks, before anything is sampled, every file the run will write (the
+/// profile, and for folded stacks and SVGs a per-trace file beside it) and
+/// the OTLP endpoint's form: otherwise a bad path or URL is found only once
+/// the whole duration has been profiled, and the run is lost.
+fn check_outputs(opts: &Options) -> Result<(), ProfileError> {
+    if let Some(endpoint) = &opts.otlp_endpoint {
+        otlp::endpoint_url(endpoint)?;
+    }
+    let Some(output) = output_path(opts) else {
+        return Ok(());
+    };
+    let check = |what, path: &Path| {
+        check_writable(path).map_err(|source| ProfileError::Output {
+            what,
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    check("the profile to", &output)?;
+    if matches!(opts.format, Format::Folded | Format::Svg) && opts.max_traces > 0 {
+        // Trace ids are all 32 hex digits: one name stands for every file.
+        let per_trace = trace_path(&output, &"0".repeat(32), opts.format.extension());
+        check("the per-trace files beside it, e.g.", &per_trace)?;
+    }
+    Ok(())
+}
+
+/// Whether `path` can be written, leaving the file system as it was: a file
+/// it creates to find out is removed, an existing file is opened without
+/// being truncated.
+pub(crate) fn check_writable(path: &Path) -> std::io::Result<()> {
+    use std::fs::OpenOptions;
+    match OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(_) => std::fs::remove_file(path),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            OpenOptions::new().write(true).open(path).map(drop)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// What a profile of a process that publishes no thread context means,
+/// said before it starts; `None` when a module defines a schema's variable
+/// (whether or not it can be read: the summary says which).
+fn no_context_note(pid: i32, target: &Target) -> Option<String> {
+    (target.module.is_none() && target.nodejs.is_empty()).then(|| {
+        format!(
+            "pid {pid} publishes no thread context: no loaded module defines {} (OTEP 4947 record, as otel-thread-ctx writes it) or {} (Node.js schema); profiling it anyway, but no sample will carry a trace or span",
+            Schema::Record.symbol(),
+            Schema::Nodejs.symbol()
+        )
+    })
 }
 
 /// Where the target publishes the Node.js schema, a pool thread's samples
@@ -488,9 +569,7 @@ fn sample(
         ));
     }
     let resource = with_pid(resource, pid);
-    let output = opts
-        .output
-        .clone()
+    let output = output_path(opts)
         .unwrap_or_else(|| PathBuf::from(format!("profile-{pid}.{}", opts.format.extension())));
     let mut stdout = None;
     if opts.format == Format::Top {
@@ -686,6 +765,126 @@ mod tests {
         assert_eq!(
             trace_path(Path::new("run"), "ab", "folded"),
             PathBuf::from("run.ab.folded")
+        );
+    }
+
+    fn options(format: Format, output: Option<&Path>) -> Options {
+        Options {
+            pid: 7,
+            duration: Duration::from_secs(30),
+            hz: 99,
+            off_cpu: None,
+            format,
+            group_by: flame::GroupBy::default(),
+            output: output.map(Path::to_path_buf),
+            otlp_endpoint: None,
+            max_traces: 20,
+            threadpool: true,
+            threadpool_probes: false,
+        }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("otel-thread-ctx-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn an_output_that_cannot_be_written_fails_before_sampling() {
+        let missing = Path::new("/nonexistent/dir/x.pb.gz");
+        let e = check_outputs(&options(Format::Pprof, Some(missing))).unwrap_err();
+        assert!(matches!(e, ProfileError::Output { ref path, .. } if path == missing));
+        let text = e.to_string();
+        assert!(
+            text.contains("/nonexistent/dir/x.pb.gz") && text.contains("No such file or directory"),
+            "{text}"
+        );
+        // A directory, and a directory no one can create files in.
+        let dir = scratch("outputs-dir");
+        assert!(check_outputs(&options(Format::Otlp, Some(&dir))).is_err());
+        assert!(check_outputs(&options(Format::Top, Some(Path::new("/proc/x.txt")))).is_err());
+        assert!(check_outputs(&options(Format::Jsonl, Some(Path::new("/proc/x.jsonl")))).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn per_trace_files_are_checked_too() {
+        let dir = scratch("outputs-trace");
+        // The whole-run name fits; with a trace id added it is too long.
+        let long = dir.join(format!("{}.svg", "a".repeat(240)));
+        for format in [Format::Svg, Format::Folded] {
+            let mut opts = options(format, Some(&long));
+            match check_outputs(&opts).unwrap_err() {
+                ProfileError::Output { path, .. } => {
+                    assert!(path.to_string_lossy().contains(&"0".repeat(32)), "{path:?}")
+                }
+                e => panic!("{e}"),
+            }
+            // No per-trace file is written: nothing more to check.
+            opts.max_traces = 0;
+            check_outputs(&opts).unwrap();
+        }
+        // Other formats write one file.
+        check_outputs(&options(Format::Pprof, Some(&long))).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn checking_leaves_the_file_system_as_it_was() {
+        let dir = scratch("outputs-kept");
+        let new = dir.join("run.svg");
+        check_outputs(&options(Format::Svg, Some(&new))).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        let old = dir.join("old.pb.gz");
+        std::fs::write(&old, b"kept").unwrap();
+        check_outputs(&options(Format::Pprof, Some(&old))).unwrap();
+        assert_eq!(std::fs::read(&old).unwrap(), b"kept");
+        // Top without a file prints to stdout: no path to check.
+        check_outputs(&options(Format::Top, None)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_malformed_otlp_endpoint_fails_before_sampling() {
+        let dir = scratch("outputs-otlp");
+        let mut opts = options(Format::Pprof, Some(&dir.join("run.pb.gz")));
+        opts.otlp_endpoint = Some("grpc://localhost:4317".into());
+        assert!(matches!(
+            check_outputs(&opts),
+            Err(ProfileError::Send(otlp::SendError::NotHttp(_)))
+        ));
+        opts.otlp_endpoint = Some("http://localhost:4318".into());
+        check_outputs(&opts).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_process_that_publishes_nothing_is_said_to_at_the_start() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // Until it has executed sleep, the child is a copy of this test.
+        while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap() != "sleep\n" {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let target = Target::open(pid);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let note = no_context_note(pid, &target.unwrap()).expect("a note");
+        assert!(
+            note.contains(&format!("pid {pid} publishes no thread context")),
+            "{note}"
+        );
+        assert!(note.contains("otel_thread_ctx_v1") && note.contains("otel_thread_ctx_nodejs_v1"));
+        assert!(
+            note.contains("no sample will carry a trace or span"),
+            "{note}"
         );
     }
 
