@@ -115,10 +115,16 @@ test('endpoints', { skip: READER === null ? 'the reader is not built' : false },
     assert.strictEqual(span.endpoint, ROUTE);
     assert.match(span.local_root_span_id, /^[0-9a-f]{16}$/);
 
+    // Text: the tables by default, a line per thread and span with --spans.
     const text = await reader(['sample', '--pid', pid, '--hz', '99', '--duration', '1']);
     assert.strictEqual(text.code, 0, text.stderr);
-    assert.match(text.stdout, /SPAN_NAME\s+ENDPOINT/);
+    assert.match(text.stdout, /\nTID\s+NAME\s+SAMPLES\s+IDLE%\s+ERRORS\s+IN_SPAN%\s+SPANS\n/);
+    assert.doesNotMatch(text.stdout, /SPAN_NAME\s+ENDPOINT/);
     assert.match(text.stdout, /\nENDPOINT\s+SAMPLES\s+SHARE%\n\/sort\s+\d+/);
+    const rows = await reader(['sample', '--pid', pid, '--hz', '99', '--duration', '1', '--spans']);
+    assert.strictEqual(rows.code, 0, rows.stderr);
+    assert.match(rows.stdout, /SPAN_NAME\s+ENDPOINT/);
+    assert.match(rows.stdout, /\nENDPOINT\s+SAMPLES\s+SHARE%\n\/sort\s+\d+/);
   });
 
   const skipProfile = profileUnavailable(READER);

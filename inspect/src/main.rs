@@ -60,20 +60,25 @@ enum Command {
         #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=60_000))]
         stop_timeout_ms: u64,
     },
-    /// Stops and reads every thread F times a second and reports span shares.
+    /// Stops and reads every thread F times a second and reports span shares:
+    /// a line per thread, then samples by endpoint and by span name.
     Sample {
         /// Process to read.
         #[arg(long)]
         pid: i32,
         /// Sampling rounds per second (each round reads every thread once).
-        #[arg(long, value_parser = parse_hz)]
-        hz: f64,
-        /// How long to sample, in seconds.
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, default_value_t = 99, value_parser = parse_profile_hz)]
+        hz: u64,
+        /// How long to sample, in seconds (SIGINT/SIGTERM end it earlier, summary printed).
+        #[arg(long, default_value_t = 30.0, value_parser = parse_duration)]
         duration: f64,
-        /// Print the summary as JSON.
+        /// Print the summary as JSON (it lists every span of every thread).
         #[arg(long)]
         json: bool,
+        /// List every trace and span each thread was read in, with its share
+        /// of the thread's samples (a line per span, under the thread's line).
+        #[arg(long, conflicts_with = "json")]
+        spans: bool,
         /// Print one JSON line per read on stdout (the summary goes to stderr).
         #[arg(long)]
         raw: bool,
@@ -183,13 +188,6 @@ fn parse_profile_hz(s: &str) -> Result<u64, String> {
     match s.parse::<u64>() {
         Ok(v) if (1..=10_000).contains(&v) => Ok(v),
         _ => Err("must be a whole number of samples per second in [1, 10000]".into()),
-    }
-}
-
-fn parse_hz(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 100_000.0 => Ok(v),
-        _ => Err("must be a number in (0, 100000]".into()),
     }
 }
 
@@ -356,12 +354,13 @@ fn main() -> ExitCode {
             hz,
             duration,
             json,
+            spans,
             raw,
             stop_timeout_ms,
         } => {
             let opts = sample::Options {
                 pid,
-                hz,
+                hz: hz as f64,
                 duration: Duration::from_secs_f64(duration),
                 stop_timeout: Duration::from_millis(stop_timeout_ms),
             };
@@ -391,7 +390,7 @@ fn main() -> ExitCode {
                     let text = if json {
                         serde_json::to_string_pretty(&summary).expect("summary serializes") + "\n"
                     } else {
-                        output::sample(&summary)
+                        output::sample(&summary, spans)
                     };
                     if raw {
                         eprint!("{text}");
@@ -440,5 +439,62 @@ mod tests {
         assert!(Cli::try_parse_from(["otel-thread-ctx", "inspect", "--check-args"]).is_err());
         let help = Cli::command().render_long_help().to_string();
         assert!(!help.contains("check-args"), "{help}");
+    }
+
+    /// `--hz` and `--duration` of `command --pid 1 args...`, or the error.
+    fn rate(command: &str, args: &[&str]) -> Result<(f64, f64), clap::Error> {
+        let argv = ["otel-thread-ctx", command, "--pid", "1"]
+            .into_iter()
+            .chain(args.iter().copied());
+        Ok(match Cli::try_parse_from(argv)?.command {
+            Command::Sample { hz, duration, .. } | Command::Profile { hz, duration, .. } => {
+                (hz as f64, duration)
+            }
+            _ => unreachable!(),
+        })
+    }
+
+    #[test]
+    fn sample_takes_the_rate_and_duration_profile_takes() {
+        for command in ["sample", "profile"] {
+            assert_eq!(rate(command, &[]).unwrap(), (99.0, 30.0), "{command}");
+            assert_eq!(
+                rate(command, &["--hz", "10000", "--duration", "86400"]).unwrap(),
+                (10_000.0, 86_400.0),
+                "{command}"
+            );
+            for bad in [
+                &["--hz", "0"][..],
+                &["--hz", "10001"],
+                &["--hz", "0.5"],
+                &["--duration", "0"],
+                &["--duration", "86401"],
+            ] {
+                assert!(rate(command, bad).is_err(), "{command} {bad:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn sample_lists_spans_only_when_asked() {
+        let parse = |args: &[&str]| {
+            let argv = ["otel-thread-ctx", "sample", "--pid", "1"]
+                .into_iter()
+                .chain(args.iter().copied());
+            Cli::try_parse_from(argv).map(|cli| match cli.command {
+                Command::Sample { spans, .. } => spans,
+                _ => unreachable!(),
+            })
+        };
+        assert!(!parse(&[]).unwrap());
+        assert!(parse(&["--spans"]).unwrap());
+        // JSON always lists them: the flag would change nothing.
+        assert!(parse(&["--spans", "--json"]).is_err());
+        let help = Cli::command()
+            .find_subcommand_mut("sample")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("--spans"), "{help}");
     }
 }

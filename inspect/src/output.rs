@@ -279,8 +279,11 @@ pub fn exec_line(e: &Exec) -> String {
     }
 }
 
-/// The sample summary as text: rates, stop times, per-thread span shares.
-pub fn sample(s: &Summary) -> String {
+/// The sample summary as text: rates, stop times, a line per thread, then
+/// samples by endpoint and by span name. With `spans`, each thread's line
+/// is followed by every (trace, span) it was read in: a line per span,
+/// which on a busy service is most of the output.
+pub fn sample(s: &Summary, spans: bool) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -317,6 +320,56 @@ pub fn sample(s: &Summary) -> String {
         let _ = writeln!(o, "{}", exec_line(e));
     }
     let _ = writeln!(o);
+    if spans {
+        span_rows(&mut o, s);
+    } else {
+        thread_rows(&mut o, s);
+    }
+    for (title, groups) in [("ENDPOINT", &s.endpoints), ("SPAN_NAME", &s.span_names)] {
+        if groups.is_empty() {
+            continue;
+        }
+        let _ = writeln!(o);
+        let _ = writeln!(o, "{:<40} {:>8} {:>7}", title, "SAMPLES", "SHARE%");
+        for g in groups {
+            let name = g.name.as_deref().map_or("[none published]".into(), escape);
+            let _ = writeln!(o, "{:<40} {:>8} {:>7.1}", name, g.samples, g.share * 100.0);
+        }
+    }
+    if !spans && s.threads.iter().any(|t| !t.spans.is_empty()) {
+        let _ = writeln!(o);
+        let _ = writeln!(o, "--spans lists every trace and span of each thread");
+    }
+    o
+}
+
+/// A line per thread: how often it was read in a span, in how many spans.
+fn thread_rows(o: &mut String, s: &Summary) {
+    let _ = writeln!(
+        o,
+        "{:<8} {:<16} {:>8} {:>7} {:>6} {:>8} {:>6}",
+        "TID", "NAME", "SAMPLES", "IDLE%", "ERRORS", "IN_SPAN%", "SPANS",
+    );
+    for t in &s.threads {
+        let in_span: u64 = t.spans.iter().map(|x| x.samples).sum();
+        let _ = writeln!(
+            o,
+            "{:<8} {:<16} {:>8} {:>7.1} {:>6} {:>8.1} {:>6}",
+            t.tid,
+            escape(&t.name),
+            t.samples,
+            t.idle_share * 100.0,
+            t.errors,
+            in_span as f64 * 100.0 / t.samples.max(1) as f64,
+            t.spans.len(),
+        );
+        no_span_row(o, t);
+    }
+}
+
+/// A line per thread and span (`--spans`): the thread's most sampled span
+/// on its own line, the others below it.
+fn span_rows(o: &mut String, s: &Summary) {
     let _ = writeln!(
         o,
         "{:<8} {:<16} {:>8} {:>7} {:>6}  {:<32} {:<16} {:>7}  {:<24} ENDPOINT",
@@ -355,32 +408,131 @@ pub fn sample(s: &Summary) -> String {
                 label(&sp.endpoint),
             );
         }
-        if !t.no_span.is_empty() {
-            let reasons: Vec<String> = t
-                .no_span
-                .iter()
-                .map(|(reason, n)| format!("{reason} {n}"))
-                .collect();
-            let _ = writeln!(
-                o,
-                "{:<8} {:<16} no span ({}): {}",
-                "",
-                "",
-                t.schema.map_or("-", |s| s.name()),
-                reasons.join(", ")
-            );
+        no_span_row(o, t);
+    }
+}
+
+/// Why a thread's reads found no span, when some did not.
+fn no_span_row(o: &mut String, t: &crate::sample::ThreadSummary) {
+    if t.no_span.is_empty() {
+        return;
+    }
+    let reasons: Vec<String> = t
+        .no_span
+        .iter()
+        .map(|(reason, n)| format!("{reason} {n}"))
+        .collect();
+    let _ = writeln!(
+        o,
+        "{:<8} {:<16} no span ({}): {}",
+        "",
+        "",
+        t.schema.map_or("-", |s| s.name()),
+        reasons.join(", ")
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::{GroupShare, SpanShare, StopStats, ThreadSummary};
+
+    /// A summary of two threads, the first read in 300 spans.
+    fn summary() -> Summary {
+        let span = |i: u64| SpanShare {
+            trace_id: format!("{i:032x}"),
+            span_id: format!("{i:016x}"),
+            span_name: Some("GET /users/:id".into()),
+            endpoint: Some("GET /users/:id".into()),
+            local_root_span_id: None,
+            samples: 1,
+            share: 1.0 / 400.0,
+        };
+        let thread = |tid: i32, spans: Vec<SpanShare>| ThreadSummary {
+            tid,
+            name: format!("t{tid}"),
+            schema: None,
+            samples: 400,
+            no_span: Default::default(),
+            idle: 100,
+            idle_share: 0.25,
+            zero_ids: 0,
+            errors: 0,
+            late_stops: 0,
+            spans,
+        };
+        Summary {
+            schema: "tlsdesc_v1_dev",
+            pid: 7,
+            resolution_path: "static-tls",
+            nodejs_resolution_path: None,
+            requested_hz: 99.0,
+            requested_duration_s: 30.0,
+            elapsed_s: 30.0,
+            rounds: 400,
+            achieved_hz: 13.3,
+            missed_ticks: 0,
+            reads: 800,
+            late_stops: 0,
+            stop_time: StopStats::default(),
+            interrupted_by_signal: None,
+            target_exited: false,
+            execs: Vec::new(),
+            threads: vec![
+                thread(1, (1..=300).map(span).collect()),
+                thread(2, Vec::new()),
+            ],
+            endpoints: vec![GroupShare {
+                name: Some("GET /users/:id".into()),
+                samples: 300,
+                share: 1.0,
+            }],
+            span_names: vec![GroupShare {
+                name: Some("GET /users/:id".into()),
+                samples: 300,
+                share: 1.0,
+            }],
         }
     }
-    for (title, groups) in [("ENDPOINT", &s.endpoints), ("SPAN_NAME", &s.span_names)] {
-        if groups.is_empty() {
-            continue;
-        }
-        let _ = writeln!(o);
-        let _ = writeln!(o, "{:<40} {:>8} {:>7}", title, "SAMPLES", "SHARE%");
-        for g in groups {
-            let name = g.name.as_deref().map_or("[none published]".into(), escape);
-            let _ = writeln!(o, "{:<40} {:>8} {:>7.1}", name, g.samples, g.share * 100.0);
-        }
+
+    #[test]
+    fn sample_text_is_a_summary_by_default() {
+        let text = sample(&summary(), false);
+        assert!(text.lines().count() < 20, "{text}");
+        assert!(
+            text.contains("\nTID      NAME              SAMPLES   IDLE% ERRORS IN_SPAN%  SPANS\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n1        t1                    400    25.0      0     75.0    300\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n2        t2                    400    25.0      0      0.0      0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "\nENDPOINT                                  SAMPLES  SHARE%\nGET /users/:id"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("\nSPAN_NAME "), "{text}");
+        assert!(!text.contains(&format!("{:032x}", 1)), "{text}");
+        assert!(
+            text.ends_with("--spans lists every trace and span of each thread\n"),
+            "{text}"
+        );
     }
-    o
+
+    #[test]
+    fn sample_text_lists_every_span_with_the_flag() {
+        let text = sample(&summary(), true);
+        assert!(text.contains("TRACE_ID"), "{text}");
+        for i in [1u64, 150, 300] {
+            assert!(text.contains(&format!("{i:032x} {i:016x}")), "{text}");
+        }
+        assert!(text.contains("\nENDPOINT "), "{text}");
+        assert!(!text.contains("--spans"), "{text}");
+    }
 }
