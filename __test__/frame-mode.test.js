@@ -65,6 +65,35 @@ test('the mode option and OTEL_THREAD_CTX_MODE choose; bad options throw', () =>
   assert.ok(bad.warnings.some((w) => /OTEL_THREAD_CTX_MODE=turbo/.test(w)), JSON.stringify(bad.warnings));
 });
 
+test('a misspelt option or OTEL_THREAD_CTX_MODE is said once: on stderr without a diag logger, through diag with one', () => {
+  const source = (withLogger) => `
+    const { diag, context } = require('@opentelemetry/api');
+    const warnings = [];
+    if (${withLogger}) diag.setLogger({ warn: (m) => warnings.push(m), error() {}, info() {}, debug() {}, verbose() {} });
+    const { ProfilingContextManager, ProcessContextSpanProcessor } = require('.');
+    const managers = [0, 1].map(() => new ProfilingContextManager({ atributes: ['db.system'], spanName: false }));
+    new ProcessContextSpanProcessor({ schemaVersion: 'x', resourse: {} });
+    context.setGlobalContextManager(managers[0].enable());
+    console.log(JSON.stringify({ warnings }));`;
+  const run = (withLogger, env) => {
+    const r = spawnSync(process.execPath, ['-e', source(withLogger)], { cwd: ROOT, env: { ...process.env, ...env }, encoding: 'utf8', timeout: 60000 });
+    assert.strictEqual(r.status, 0, r.stderr);
+    return { stderr: r.stderr, out: JSON.parse(r.stdout.trim().split('\n').pop()) };
+  };
+  const silent = run(false, { OTEL_THREAD_CTX_MODE: 'recrd' });
+  const lines = silent.stderr.split('\n').filter((l) => l.includes('otel-thread-ctx:'));
+  assert.strictEqual(lines.filter((l) => /unknown option "atributes" is ignored \(did you mean "attributes"\?\)/.test(l)).length, 1, silent.stderr);
+  assert.strictEqual(lines.filter((l) => /ProcessContextSpanProcessor: unknown option "resourse"/.test(l)).length, 1, silent.stderr);
+  assert.strictEqual(lines.filter((l) => /OTEL_THREAD_CTX_MODE=recrd is not "record" or "frame"/.test(l)).length, 1, silent.stderr);
+  assert.deepStrictEqual(silent.out.warnings, []);
+  const logged = run(true, { OTEL_THREAD_CTX_MODE: 'recrd' });
+  assert.ok(!logged.stderr.includes('otel-thread-ctx:'), `nothing on stderr when diag has a logger: ${logged.stderr}`);
+  assert.ok(logged.out.warnings.some((w) => /unknown option "atributes"/.test(w)), JSON.stringify(logged.out.warnings));
+  assert.ok(logged.out.warnings.some((w) => /OTEL_THREAD_CTX_MODE=recrd/.test(w)), JSON.stringify(logged.out.warnings));
+  const quiet = run(false, { OTEL_THREAD_CTX_MODE: 'record', NODE_OPTIONS: '--no-warnings' });
+  assert.ok(!quiet.stderr.includes('otel-thread-ctx:'), `--no-warnings silences them: ${quiet.stderr}`);
+});
+
 test('frame mode enables no async hook and no promise hook, and keeps the span across await', frameOnly, () => {
   const out = runChild(`
     const asyncHooks = require('node:async_hooks');

@@ -22,8 +22,11 @@ const binding = require('./binding');
 const recordMode = require('./publish/record');
 const frameMode = require('./publish/frame');
 const { schemaFromOptions } = require('./span-attributes');
+const { warnOnce, warnUnknownOptions } = require('./warnings');
 
 const MODES = ['record', 'frame'];
+/** The options ProfilingContextManager takes; any other key is a mistake worth a warning. */
+const MANAGER_OPTIONS = ['attributes', 'localRootAttributes', 'spanName', 'localRootSpanId', 'mode'];
 const MODE_VARIABLE = 'OTEL_THREAD_CTX_MODE';
 
 /** The mode a manager asks for: the option, else the environment, else null (default). */
@@ -38,17 +41,6 @@ function requestedMode(option) {
   if (MODES.includes(fromEnvironment)) return fromEnvironment;
   warnOnce(`${MODE_VARIABLE}=${fromEnvironment} is not "record" or "frame"; it is ignored`);
   return null;
-}
-
-const warned = new Set();
-function warnOnce(message) {
-  if (warned.has(message)) return;
-  warned.add(message);
-  try {
-    diag.warn(`otel-thread-ctx: ${message}`);
-  } catch {
-    // A throwing diag logger: nothing else to report to.
-  }
 }
 
 /** Why frame mode is not in force on this thread (null while it is, or before any manager chose). */
@@ -171,6 +163,7 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     }
     const schema = schemaFromOptions(options);
     const requested = requestedMode(options.mode);
+    warnUnknownOptions(options, MANAGER_OPTIONS, 'ProfilingContextManager');
     super();
     const { mode, reason } = chooseMode(requested, this._asyncLocalStorage);
     /** Frame mode: the AsyncLocalStorage stores wrappers (js/publish/frame.js). */

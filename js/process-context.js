@@ -11,6 +11,7 @@ const { diag } = require('@opentelemetry/api');
 const binding = require('./binding');
 const { spanStarted } = require('./local-root');
 const { spanEnded } = require('./span-records');
+const { warnUnknownOptions } = require('./warnings');
 
 /** Deepest nesting the native side accepts (src/process_context/js.rs). */
 const MAX_DEPTH = 8;
@@ -140,6 +141,7 @@ class ProcessContextSpanProcessor {
     if (options === null || typeof options !== 'object') {
       throw new TypeError('The "options" argument must be an object');
     }
+    warnUnknownOptions(options, ['schemaVersion', 'attributes'], 'ProcessContextSpanProcessor');
     this._options = {};
     if (options.schemaVersion !== undefined) this._options.schemaVersion = options.schemaVersion;
     if (options.attributes !== undefined) this._options.attributes = options.attributes;
