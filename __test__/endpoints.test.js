@@ -41,8 +41,8 @@ function reader(args) {
   });
 }
 
-/** Requests /sort and /ping over two keep-alive connections until stopped. */
-function load(port) {
+/** Requests `route` (3 of 4) and /ping over two keep-alive connections until stopped. */
+function load(port, route = ROUTE) {
   const agent = new http.Agent({ keepAlive: true, maxSockets: 2 });
   const state = { running: true, served: 0 };
   const get = (route) =>
@@ -56,7 +56,7 @@ function load(port) {
     });
   const loop = async () => {
     for (let i = 0; state.running; i++) {
-      await get(i % 4 === 3 ? '/ping' : ROUTE);
+      await get(i % 4 === 3 ? '/ping' : route);
       state.served++;
     }
   };
@@ -217,3 +217,57 @@ test('endpoints', { skip: READER === null ? 'the reader is not built' : false },
     assert.ok(rows('FUNCTION').some((l) => /sort/i.test(l)), r.stdout);
   });
 });
+
+const WORKER_SERVICE = path.join(__dirname, 'fixtures', 'express-worker-service.js');
+const FRAME_LINE = Number(process.versions.node.split('.')[0]) >= 24;
+
+// A request whose work runs in a worker: the worker's span has a remote
+// parent (the trace context came by message), and still publishes the
+// request's endpoint and local root, found in the process's trace-root
+// table. In the line's default mode and, where that is frame, in record mode.
+for (const mode of FRAME_LINE ? ['frame', 'record'] : ['record']) {
+  test(`endpoints across threads (${mode} mode): the worker's span carries the request's route and local root`, { skip: READER === null ? 'the reader is not built' : false }, async (t) => {
+    const env = { ...process.env, OTEL_THREAD_CTX_MODE: mode };
+    const service = spawn(process.execPath, ['--perf-basic-prof', WORKER_SERVICE], { stdio: ['ignore', 'pipe', 'inherit'], env });
+    const started = await jsonLines(service.stdout).next('the service line');
+    const pid = String(started.pid);
+    const traffic = load(started.port, '/offload');
+    t.after(async () => {
+      await traffic.stop();
+      service.kill('SIGKILL');
+      await exited(service);
+      fs.rmSync(`/tmp/perf-${pid}.map`, { force: true });
+    });
+    assert.strictEqual(started.mode, mode);
+    for (let i = 0; i < 600 && traffic.served() === 0; i++) await new Promise((resolve) => setTimeout(resolve, 100));
+    assert.ok(traffic.served() > 0, 'the service answers');
+    // The main thread starts sharing its roots within a second of a second thread loading the addon.
+    await new Promise((resolve) => setTimeout(resolve, 1500));
+
+    const r = await reader(['sample', '--pid', pid, '--hz', '199', '--duration', '3', '--raw', '--json']);
+    assert.strictEqual(r.code, 0, r.stderr);
+    const reads = r.stdout.trim().split('\n').map((l) => JSON.parse(l)).filter((x) => x.valid);
+    const inWorker = reads.filter((x) => x.attributes?.['span.name'] === 'offloadedSort');
+    assert.ok(inWorker.every((x) => x.tid === started.workerTid), 'the worker span is read in the worker thread');
+    const tagged = inWorker.filter((x) => x.attributes['http.route'] === '/offload');
+    assert.ok(share(tagged.length, inWorker.length, 'the worker span') >= SHARE, `${tagged.length} of ${inWorker.length} worker reads carry the endpoint`);
+    // Where the main thread was read in the same trace, both name the same local root.
+    const mainRoots = new Map(reads.filter((x) => x.tid !== started.workerTid).map((x) => [x.trace_id, x.attributes?.['local_root.span_id']]));
+    const compared = inWorker.filter((x) => mainRoots.has(x.trace_id));
+    assert.ok(compared.length > 0, 'some traces were read on both threads');
+    for (const x of compared) assert.strictEqual(x.attributes['local_root.span_id'], mainRoots.get(x.trace_id), `trace ${x.trace_id}`);
+
+    await t.test('profile: the worker\'s CPU is under the route', { skip: profileUnavailable(READER) ?? false }, async () => {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-endpoints-worker-'));
+      t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+      const out = path.join(dir, 'run.jsonl');
+      const p = await reader(['profile', '--pid', pid, '--duration', '3', '--hz', '199', '--format', 'jsonl', '-o', out]);
+      assert.strictEqual(p.code, 0, p.stderr);
+      const samples = fs.readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+      // The worker runs only the offloaded work: its on-CPU samples are that work's.
+      const workerCpu = samples.filter((s) => s.tid === started.workerTid && s.kind === 'cpu');
+      const underRoute = workerCpu.filter((s) => s.attributes?.['http.route'] === '/offload');
+      assert.ok(share(underRoute.length, workerCpu.length, 'the worker thread') >= SHARE, `${underRoute.length} of ${workerCpu.length} worker CPU samples under /offload`);
+    });
+  });
+}

@@ -146,3 +146,83 @@ test('the identity keys can be turned off, and bad options throw', () => {
   assert.deepStrictEqual(quiet._attributeSchema.keys, ['http.request.method']);
   assert.strictEqual(new ProfilingContextManager({ spanName: false, localRootSpanId: false, localRootAttributes: [] })._attributeSchema, null);
 });
+
+test('a span whose parent is in another thread joins that thread\'s local root; the entry goes when the root ends or its thread exits', async () => {
+  const { Worker } = require('node:worker_threads');
+  const binding = require('../js/binding');
+  const worker = new Worker(
+    `
+    const { parentPort } = require('node:worker_threads');
+    const req = require('node:module').createRequire(${JSON.stringify(require.resolve('..'))});
+    const { context, trace, ROOT_CONTEXT } = req('@opentelemetry/api');
+    const { BasicTracerProvider } = req('@opentelemetry/sdk-trace-base');
+    const { ProfilingContextManager } = req('.');
+    const { readFullRecord, ownRecordAddress } = req('./__test__/helpers');
+    const otelCtx = req('./__test__/fixtures/otel-ctx-reader');
+    context.setGlobalContextManager(new ProfilingContextManager().enable());
+    const tracer = new BasicTracerProvider().getTracer('worker');
+    function published() {
+      const [mapping] = otelCtx.findMappings('self');
+      const reader = new otelCtx.MemoryReader('self');
+      const keys = otelCtx.decodePayload(reader.readConsistent(mapping.start).bytes).attributes['threadlocal.attribute_key_map'];
+      reader.close();
+      const attributes = {};
+      for (const { keyIndex, value } of readFullRecord('self', ownRecordAddress()).attrs) attributes[keys[keyIndex]] = value.toString('utf8');
+      return attributes;
+    }
+    let own = null;
+    parentPort.on('message', (parent) => {
+      const remote = trace.setSpanContext(ROOT_CONTEXT, { ...parent, traceFlags: 1, isRemote: true });
+      const span = tracer.startSpan('job', {}, remote);
+      const attributes = context.with(trace.setSpan(remote, span), published);
+      span.end();
+      // A root of the worker's own, left running: shared while the worker lives.
+      own ??= tracer.startSpan('worker root');
+      context.with(trace.setSpan(ROOT_CONTEXT, own), () => {});
+      parentPort.postMessage({ attributes, ownTraceId: own.spanContext().traceId });
+    });
+    parentPort.postMessage('ready');`,
+    { eval: true },
+  );
+  const messages = [];
+  const next = () => new Promise((resolve) => (messages.length ? resolve(messages.shift()) : worker.once('message', resolve)));
+  assert.strictEqual(await next(), 'ready');
+  // Threads are counted at most once a second: the worker is seen after that.
+  await new Promise((resolve) => setTimeout(resolve, 1100));
+
+  const root = tracer.startSpan('GET /jobs/:id', { attributes: { [ROUTE]: '/jobs/:id' } });
+  const { traceId, spanId } = root.spanContext();
+  context.with(trace.setSpan(ROOT_CONTEXT, root), () => {});
+  assert.deepStrictEqual(binding.traceRootFind(traceId), { rootSpanId: spanId, values: [ROUTE, '/jobs/:id'] });
+  worker.postMessage({ traceId, spanId });
+  const reply = await next();
+  assert.deepStrictEqual(reply.attributes, { 'local_root.span_id': spanId, [ROUTE]: '/jobs/:id', 'span.name': 'job' });
+  root.end();
+  assert.strictEqual(binding.traceRootFind(traceId), null, 'an ended root leaves the table');
+
+  // A trace no other thread published: the worker's span is its own local root.
+  const stranger = { traceId: '4bf92f3577b34da6a3ce929d0e0e4736', spanId: '00f067aa0ba902b7' };
+  worker.postMessage(stranger);
+  const alone = await next();
+  assert.notStrictEqual(alone.attributes['local_root.span_id'], stranger.spanId);
+  assert.strictEqual(alone.attributes[ROUTE], undefined);
+  assert.match(alone.attributes['local_root.span_id'], /^[0-9a-f]{16}$/);
+
+  assert.notStrictEqual(binding.traceRootFind(alone.ownTraceId), null, 'the worker shares its own root');
+  await worker.terminate();
+  assert.strictEqual(binding.traceRootFind(alone.ownTraceId), null, 'a thread\'s roots leave with it');
+});
+
+test('the trace-root table refuses ids that are not hex, and stays bounded', () => {
+  const binding = require('../js/binding');
+  assert.throws(() => binding.traceRootPublish('not hex', '00f067aa0ba902b7', []), RangeError);
+  assert.throws(() => binding.traceRootPublish('4bf92f3577b34da6a3ce929d0e0e4736', '00f067aa0ba902b7', ['odd']), RangeError);
+  assert.strictEqual(binding.traceRootFind('4bf92f3577b34da6a3ce929d0e0e4736'), null, 'nothing was published');
+  const before = binding.traceRootStats();
+  for (let i = 0; i < 4100; i++) binding.traceRootPublish(i.toString(16).padStart(32, '0'), '00f067aa0ba902b7', []);
+  const after = binding.traceRootStats();
+  assert.strictEqual(after.entries, 4096);
+  // Full at 4096: the oldest gave way, those left from earlier tests first.
+  assert.strictEqual(after.evicted, before.evicted + before.entries + 4100 - 4096, JSON.stringify({ before, after }));
+  for (let i = 0; i < 4100; i++) binding.traceRootWithdraw(i.toString(16).padStart(32, '0'), '00f067aa0ba902b7');
+});

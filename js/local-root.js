@@ -23,8 +23,16 @@
 // one; until then, the latest value a span of its tree carried (Express's
 // instrumentation sets `http.route` on its handler spans, and on the
 // server span only as the response ends).
+//
+// Across threads: a span whose parent is in another thread of this process
+// (a worker given the trace context by message) has a remote parent. While
+// more than one thread has the addon loaded, each local root is also put in
+// the process's trace-root table (src/trace_roots.rs), and a span with a
+// parent but no local one joins the root found there for its trace: the
+// request's local root id and its endpoint as they are at that moment.
 
 const { context: contextApi, trace } = require('@opentelemetry/api');
+const binding = require('./binding');
 const { Stamp } = require('./hidden-state');
 
 /** Each span's LocalRoot, once found, in a private field of the span. */
@@ -67,11 +75,38 @@ function attributeText(value) {
   }
 }
 
+/** How long the answer of otherThreadsMayAsk() is kept. */
+const THREADS_RECHECK_MS = 1000;
+let otherThreadsKnown = false;
+let otherThreadsCheckedAt = -Infinity;
+
+/**
+ * Whether another thread of this process has the addon loaded, and so may
+ * look a trace's local root up: asked of the registry at most once a
+ * second, so a process with one JS thread pays nothing per span.
+ */
+function otherThreadsMayAsk() {
+  const now = Date.now();
+  if (now - otherThreadsCheckedAt >= THREADS_RECHECK_MS) {
+    otherThreadsCheckedAt = now;
+    try {
+      otherThreadsKnown = binding.registryStats().attached > 1;
+    } catch {
+      otherThreadsKnown = false;
+    }
+  }
+  return otherThreadsKnown;
+}
+
 class LocalRoot {
   constructor(span, spanId) {
     this.span = span;
     /** Lowercase hex, as published. */
     this.spanId = spanId;
+    /** The trace's id (lowercase hex) while in the process's trace-root table, else null. */
+    this.sharedAs = null;
+    /** Joined from another thread's root: its values are that root's, never this thread's spans'. */
+    this.inherited = false;
     /** Bumped whenever `values` changes. */
     this.version = 0;
     /** Endpoint values by key (text); null until the first one. */
@@ -92,6 +127,7 @@ class LocalRoot {
     try {
       const attributes = span.attributes;
       if (attributes === null || typeof attributes !== 'object') return;
+      if (this.inherited) return;
       const own = span === this.span;
       let bumped = false;
       for (let i = 0; i < endpointKeys.length; i++) {
@@ -105,6 +141,7 @@ class LocalRoot {
       }
       if (bumped) {
         this.version++;
+        if (this.sharedAs !== null) share(this, this.sharedAs);
         if (changed !== null) changed(this);
       }
     } catch {
@@ -143,6 +180,68 @@ function assign(span, root) {
   return root;
 }
 
+/** The trace id of `span` in lowercase hex, or '' when it has none. */
+function traceIdOf(span) {
+  const sc = span.spanContext();
+  return typeof sc === 'object' && sc !== null && typeof sc.traceId === 'string' ? sc.traceId.toLowerCase() : '';
+}
+
+/** Puts `root` in the process's trace-root table as trace `traceId`'s. Cannot throw. */
+function share(root, traceId) {
+  try {
+    const values = [];
+    if (root.values !== null) for (const [key, text] of root.values) values.push(key, text);
+    binding.traceRootPublish(traceId, root.spanId, values);
+    root.sharedAs = traceId;
+  } catch {
+    // Ids the table refuses (not hex): the root stays this thread's own.
+    root.sharedAs = null;
+  }
+}
+
+/** Whether `span` has a parent at all (local or remote). */
+function hasParent(span) {
+  const parent = span.parentSpanContext;
+  if (typeof parent === 'object' && parent !== null) return typeof parent.spanId === 'string';
+  const id = span.parentSpanId;
+  return typeof id === 'string' && id !== '';
+}
+
+/**
+ * A LocalRoot for `span`, whose parent is not in this thread: another
+ * thread's root of its trace when the table has one, else `span` itself,
+ * put in the table while other threads may ask.
+ */
+function newLocalRoot(span) {
+  const mayAsk = otherThreadsMayAsk();
+  const traceId = mayAsk ? traceIdOf(span) : '';
+  if (traceId !== '' && hasParent(span)) {
+    let found = null;
+    try {
+      found = binding.traceRootFind(traceId);
+    } catch {
+      // Not a hex id: no other thread could have published it.
+    }
+    if (found !== null && found !== undefined) {
+      const root = new LocalRoot(span, found.rootSpanId);
+      root.inherited = true;
+      const texts = found.values;
+      if (texts.length !== 0) {
+        root.values = new Map();
+        root.fromRoot = new Set();
+        for (let i = 0; i + 1 < texts.length; i += 2) {
+          root.values.set(texts[i], texts[i + 1]);
+          root.fromRoot.add(texts[i]);
+        }
+      }
+      return assign(span, root);
+    }
+  }
+  const root = assign(span, new LocalRoot(span, spanIdOf(span)));
+  if (traceId !== '') share(root, traceId);
+  return root;
+}
+
 /**
  * The LocalRoot of `span`, found the first time. `parentSpan` is the span
  * of the context it started in when known (the span processor's), else
@@ -158,7 +257,23 @@ function localRootOf(span, parentSpan) {
       return assign(span, localRootOf(candidate, null));
     }
   }
-  return assign(span, new LocalRoot(span, spanIdOf(span)));
+  return newLocalRoot(span);
+}
+
+/**
+ * `span` ended: if it is a local root in the process's trace-root table,
+ * it leaves it. Cannot throw.
+ */
+function spanEnded(span) {
+  try {
+    const root = roots.get(span);
+    if (root === undefined || root.sharedAs === null || root.span !== span) return;
+    const traceId = root.sharedAs;
+    root.sharedAs = null;
+    binding.traceRootWithdraw(traceId, root.spanId);
+  } catch {
+    // Not an object, or the table refused: the entry gives way in time.
+  }
 }
 
 /** The LocalRoot of `span` if one was found already, else undefined. */
@@ -183,4 +298,4 @@ function configure(keys, onChange) {
   changed = onChange;
 }
 
-module.exports = { localRootOf, knownLocalRoot, spanStarted, configure, attributeText };
+module.exports = { localRootOf, knownLocalRoot, spanStarted, spanEnded, configure, attributeText };

@@ -359,8 +359,12 @@ function recordOf(span) {
   return record;
 }
 
-/** Called as a span ends: its record stops publishing it at once. Cannot throw. */
+/**
+ * Called as a span ends: its record stops publishing it at once, and a
+ * local root leaves the process's trace-root table. Cannot throw.
+ */
 function spanEnded(span) {
+  localRoot.spanEnded(span);
   try {
     const record = records.get(span);
     if (record !== undefined && record !== null && !record.ended) end(record);

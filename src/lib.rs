@@ -13,6 +13,7 @@ mod record;
 mod registry;
 mod span_slab;
 mod tls;
+mod trace_roots;
 mod view;
 
 use napi::bindgen_prelude::{BigInt, Env, Error, Object, Result, Status, Uint8Array, Unknown};
@@ -37,6 +38,9 @@ pub fn init(_exports: Object, env: Env) -> Result<()> {
         env.add_env_cleanup_hook((), |()| {
             stop_frame_publication();
             idle::stop();
+            if let Some(slot) = registry::current_slot() {
+                trace_roots::forget_thread(slot.index);
+            }
             registry::detach_current_thread();
             view::forget();
         })?;
@@ -497,4 +501,102 @@ pub fn frame_info() -> Option<FrameInfo> {
         moving_gcs_gate_closed: pauses.closed.into(),
         moving_gcs_span_pinned: pauses.pinned.into(),
     })
+}
+
+/// Longest trace or span id text the trace-root table takes (hex digits).
+const MAX_ID_TEXT: usize = 32;
+/// Most key and value texts of one trace root (key, value, key, value, ...).
+const MAX_ROOT_TEXTS: usize = 2 * 16;
+/// Longest key or value text of a trace root, in bytes.
+const MAX_ROOT_TEXT_BYTES: usize = 1024;
+
+fn check_id(env: &Env, id: &str, what: &str) -> Result<()> {
+    if id.is_empty() || id.len() > MAX_ID_TEXT || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return args::range_error(
+            env,
+            &format!("{what} must be 1 to {MAX_ID_TEXT} hex digits"),
+        );
+    }
+    Ok(())
+}
+
+/// Puts the calling thread's local root of trace `traceId` where the
+/// process's other threads find it: its span id and its endpoint
+/// attributes as `[key, value, ...]`. Replaces an earlier root of the trace.
+#[napi]
+pub fn trace_root_publish(
+    env: Env,
+    trace_id: String,
+    root_span_id: String,
+    values: Vec<String>,
+) -> Result<()> {
+    check_id(&env, &trace_id, "traceId")?;
+    check_id(&env, &root_span_id, "rootSpanId")?;
+    if !values.len().is_multiple_of(2) || values.len() > MAX_ROOT_TEXTS {
+        return args::range_error(
+            &env,
+            &format!("values must be key, value pairs, at most {MAX_ROOT_TEXTS} texts"),
+        );
+    }
+    if values.iter().any(|v| v.len() > MAX_ROOT_TEXT_BYTES) {
+        return args::range_error(
+            &env,
+            &format!("a key or value of at most {MAX_ROOT_TEXT_BYTES} bytes"),
+        );
+    }
+    let owner = current_slot(&env)?.index;
+    let mut texts = values.into_iter();
+    let mut pairs = Vec::with_capacity(texts.len() / 2);
+    while let (Some(key), Some(value)) = (texts.next(), texts.next()) {
+        pairs.push((key, value));
+    }
+    let root = trace_roots::TraceRoot {
+        root_span_id: root_span_id.to_ascii_lowercase(),
+        values: pairs,
+    };
+    trace_roots::publish(trace_id.to_ascii_lowercase(), root, owner);
+    Ok(())
+}
+
+/// Takes trace `traceId`'s root away if it is still `rootSpanId` (it ended).
+#[napi]
+pub fn trace_root_withdraw(trace_id: String, root_span_id: String) {
+    trace_roots::withdraw(
+        &trace_id.to_ascii_lowercase(),
+        &root_span_id.to_ascii_lowercase(),
+    );
+}
+
+/// A trace's local root as another thread of this process published it.
+#[napi(object)]
+pub struct TraceRootInfo {
+    pub root_span_id: String,
+    /// `[key, value, ...]`.
+    pub values: Vec<String>,
+}
+
+/// Trace `traceId`'s local root in this process, or `null`.
+#[napi]
+pub fn trace_root_find(trace_id: String) -> Option<TraceRootInfo> {
+    trace_roots::find(&trace_id.to_ascii_lowercase()).map(|root| TraceRootInfo {
+        root_span_id: root.root_span_id,
+        values: root.values.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+    })
+}
+
+/// The trace-root table's size now and how many entries gave way to newer
+/// ones while it was full.
+#[napi(object)]
+pub struct TraceRootStats {
+    pub entries: u32,
+    pub evicted: f64,
+}
+
+#[napi]
+pub fn trace_root_stats() -> TraceRootStats {
+    let (entries, evicted) = trace_roots::stats();
+    TraceRootStats {
+        entries: entries as u32,
+        evicted: evicted as f64,
+    }
 }
