@@ -14,11 +14,10 @@ const assert = require('node:assert');
 const fs = require('node:fs');
 const http = require('node:http');
 const net = require('node:net');
-const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const protobuf = require('protobufjs');
-const { jsonLines, exited, profileUnavailable } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
 const { onLines } = require('../tools/subprocess');
 const { collectorBinary, startCollector } = require('../tools/collector');
 
@@ -28,7 +27,7 @@ const Request = protobuf.loadSync(path.join(__dirname, 'fixtures', 'profiles.pro
 
 // The agent needs what profile needs.
 const skip = profileUnavailable(READER);
-const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-agent-'));
+const tmp = scratchDir('otel-thread-ctx-agent-');
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /** Waits until `check()` returns a truthy value (polling), or fails saying what was awaited. */

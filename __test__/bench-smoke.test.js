@@ -5,8 +5,8 @@ const { test } = require('node:test');
 const assert = require('node:assert');
 const { spawnSync } = require('node:child_process');
 const fs = require('node:fs');
-const os = require('node:os');
 const path = require('node:path');
+const { scratchDir } = require('./helpers');
 
 const ROOT = path.resolve(__dirname, '..');
 
@@ -15,7 +15,7 @@ const ROOT = path.resolve(__dirname, '..');
  * its stdout and its JSON results; fails the test when it fails.
  */
 function runBench(args, timeout) {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-bench-'));
+  const dir = scratchDir('otel-bench-');
   const json = path.join(dir, 'results.json');
   try {
     const r = spawnSync(process.execPath, ['bench/run.js', '--quick', ...args, '--node', process.execPath, '--json', json], {

@@ -9,10 +9,10 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
-const os = require('node:os');
 const path = require('node:path');
 const { spawnSync } = require('node:child_process');
 const native = require('../js/native');
+const { scratchDir } = require('./helpers');
 
 const ROOT = path.resolve(__dirname, '..');
 const DOCS = path.join(ROOT, 'docs');
@@ -58,7 +58,7 @@ function codeBlocks(file) {
 
 /** A scratch application: `otel-thread-ctx` is this checkout, `@opentelemetry/*` its dependencies. */
 function scratchApp() {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-docs-'));
+  const dir = scratchDir('otel-thread-ctx-docs-');
   fs.mkdirSync(path.join(dir, 'node_modules'));
   fs.symlinkSync(ROOT, path.join(dir, 'node_modules', 'otel-thread-ctx'), 'dir');
   fs.symlinkSync(path.join(ROOT, 'node_modules', '@opentelemetry'), path.join(dir, 'node_modules', '@opentelemetry'), 'dir');

@@ -11,11 +11,10 @@ const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
 const http = require('node:http');
-const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const protobuf = require('protobufjs');
-const { jsonLines, exited, profileUnavailable } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'express-service.js');
@@ -77,7 +76,7 @@ function share(part, whole, what) {
   return part / whole;
 }
 
-const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-endpoints-'));
+const tmp = scratchDir('otel-thread-ctx-endpoints-');
 const ARTIFACTS = process.env.OTEL_THREAD_CTX_ARTIFACTS;
 
 test('endpoints', { skip: READER === null ? 'the reader is not built' : false }, async (t) => {
@@ -258,7 +257,7 @@ for (const mode of FRAME_LINE ? ['frame', 'record'] : ['record']) {
     for (const x of compared) assert.strictEqual(x.attributes['local_root.span_id'], mainRoots.get(x.trace_id), `trace ${x.trace_id}`);
 
     await t.test('profile: the worker\'s CPU is under the route', { skip: profileUnavailable(READER) ?? false }, async () => {
-      const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-endpoints-worker-'));
+      const dir = scratchDir('otel-thread-ctx-endpoints-worker-');
       t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
       const out = path.join(dir, 'run.jsonl');
       const p = await reader(['profile', '--pid', pid, '--duration', '3', '--hz', '199', '--format', 'jsonl', '-o', out]);

@@ -2,6 +2,7 @@
 // Shared test helpers: reading records the way an outside reader does, and
 // running child processes that park threads inside spans.
 const fs = require('node:fs');
+const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const readline = require('node:readline');
@@ -220,4 +221,19 @@ function readFullRecord(pid, address) {
   }
 }
 
-module.exports = { ROOT, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable };
+const scratchDirs = [];
+process.on('exit', () => {
+  for (const dir of scratchDirs) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+/**
+ * A new directory in $TMPDIR named `prefix` + random characters, removed
+ * when the test process exits, whichever of its tests ran.
+ */
+function scratchDir(prefix) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  scratchDirs.push(dir);
+  return dir;
+}
+
+module.exports = { ROOT, scratchDir, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable };

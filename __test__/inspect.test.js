@@ -9,11 +9,10 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
-const os = require('node:os');
 const path = require('node:path');
 const readline = require('node:readline');
 const { spawn, spawnSync, execFileSync } = require('node:child_process');
-const { jsonLines } = require('./helpers');
+const { jsonLines, scratchDir } = require('./helpers');
 
 const ROOT = path.resolve(__dirname, '..');
 const native = require('../js/native');
@@ -75,7 +74,7 @@ if (isMainThread) {
  * the tests; the child is killed and the file removed when the test ends.
  */
 function spawnScriptFile(t, name, source, stdin = 'pipe') {
-  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'otel-inspect-')), name);
+  const file = path.join(scratchDir('otel-inspect-'), name);
   fs.writeFileSync(file, source);
   const child = spawn(process.execPath, [file], { stdio: [stdin, 'pipe', 'inherit'] });
   t.after(() => {

@@ -10,10 +10,9 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
-const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { jsonLines, exited, profileUnavailable } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const WRITER = path.join(__dirname, 'fixtures', 'datadog-writer.js');
@@ -143,7 +142,7 @@ test('profile reads Datadog\'s writer at the sample', { skip: skip ?? profileUna
     child.kill('SIGKILL');
     return exited(child, 5000);
   });
-  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-nodejs-'));
+  const tmp = scratchDir('otel-thread-ctx-nodejs-');
   t.after(() => fs.rmSync(tmp, { recursive: true, force: true }));
   const out = path.join(tmp, 'p.jsonl');
   run(['profile', '--pid', String(child.pid), '--duration', '2', '--off-cpu', '--format', 'jsonl', '-o', out]);

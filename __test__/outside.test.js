@@ -4,10 +4,9 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
-const os = require('node:os');
 const path = require('node:path');
 const { execFileSync } = require('node:child_process');
-const { readFromOutside, readPointer, spawnNode, exited } = require('./helpers');
+const { readFromOutside, readPointer, spawnNode, exited, scratchDir } = require('./helpers');
 
 const FIXTURE = path.join(__dirname, 'fixtures', 'parked-threads.js');
 
@@ -74,7 +73,7 @@ const blockingCases = {
 
 for (const [name, blockingCall] of Object.entries(blockingCases)) {
   test(`the span stays published during a blocking ${name}`, async (t) => {
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-'));
+    const dir = scratchDir('otel-thread-ctx-');
     const fifo = path.join(dir, 'fifo');
     execFileSync('mkfifo', [fifo]);
     t.after(() => fs.rmSync(dir, { recursive: true, force: true }));

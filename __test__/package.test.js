@@ -26,7 +26,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync, execFileSync } = require('node:child_process');
-const { jsonLines } = require('./helpers');
+const { jsonLines, scratchDir } = require('./helpers');
 
 const ROOT = path.resolve(__dirname, '..');
 const SCRATCH = path.join(os.tmpdir(), 'otel-thread-ctx-package-test');
@@ -148,7 +148,7 @@ let platformTarball;
 
 test.before(() => {
   fs.mkdirSync(SCRATCH, { recursive: true });
-  work = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-package-'));
+  work = scratchDir('otel-thread-ctx-package-');
   const [packed] = JSON.parse(execFileSync('npm', ['pack', '--json', '--pack-destination', work], { cwd: ROOT, env: userEnv(), encoding: 'utf8' }));
   tarball = path.join(work, packed.filename);
   platformTarball = execFileSync(process.execPath, [path.join(ROOT, 'scripts', 'platform-package.js'), '--pack', work], { cwd: ROOT, env: userEnv(), encoding: 'utf8' }).trim();

@@ -8,10 +8,9 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
-const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { jsonLines, exited, profileUnavailable } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const FIXTURES = path.join(__dirname, 'fixtures');
@@ -50,7 +49,7 @@ const whole = (l) => l.frames[0] === '_start';
 const shown = (lines) => lines.slice(0, 3).map((l) => l.frames.join(';')).join('\n');
 
 test('profile: whole user stacks', { skip: skip ?? false }, async (t) => {
-  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-stacks-'));
+  const tmp = scratchDir('otel-thread-ctx-stacks-');
   t.after(() => fs.rmSync(tmp, { recursive: true, force: true }));
 
   await t.test('Node: time blocked in glibc and CPU spent in it carry the JavaScript function, under its span', async (t) => {

@@ -10,10 +10,9 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
-const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { jsonLines, exited, profileUnavailable } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'threadpool-service.js');
@@ -40,7 +39,7 @@ function unavailable() {
 }
 
 const skip = unavailable();
-const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-threadpool-'));
+const tmp = scratchDir('otel-thread-ctx-threadpool-');
 
 function buildAddon() {
   const out = path.join(tmp, 'pool-addon.node');

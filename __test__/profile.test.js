@@ -9,11 +9,10 @@ const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
 const http = require('node:http');
-const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const protobuf = require('protobufjs');
-const { jsonLines, exited, profileUnavailable } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'profiled-service.js');
@@ -26,7 +25,7 @@ function goTool() {
 }
 
 const skip = profileUnavailable(READER);
-const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-profile-'));
+const tmp = scratchDir('otel-thread-ctx-profile-');
 let service = null;
 let ids = null;
 
@@ -243,7 +242,7 @@ test('profile checks every output path before it samples', { skip: READER === nu
     target.kill('SIGKILL');
     await exited(target);
   });
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-outputs-'));
+  const dir = scratchDir('otel-thread-ctx-outputs-');
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
   // The whole-run file's directory is missing; the per-trace files' names
   // (the whole-run name with a trace id added) are too long.

@@ -12,11 +12,10 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
-const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync, execFileSync } = require('node:child_process');
 const { findMappings, MemoryReader, decodePayload } = require('./fixtures/otel-ctx-reader');
-const { ROOT, jsonLines, exited, readFullRecord } = require('./helpers');
+const { ROOT, jsonLines, exited, readFullRecord, scratchDir } = require('./helpers');
 const native = require('../js/native');
 
 const MAX_PAYLOAD_BYTES = 64 * 1024;
@@ -42,7 +41,7 @@ const PRELUDE = `
  * ends. `next()` resolves with its next JSON line.
  */
 function startChild(t, script, { args = [], env = {}, app = null, name = 'app.js' } = {}) {
-  const dir = app ?? fs.mkdtempSync(path.join(os.tmpdir(), 'otel-reader-compat-'));
+  const dir = app ?? scratchDir('otel-reader-compat-');
   const file = path.join(dir, name);
   fs.writeFileSync(file, PRELUDE + script);
   const child = spawn(process.execPath, [...args, file], {
@@ -195,7 +194,7 @@ const THREADS_SCRIPT = (requireFirst) => `
 
 /** A directory whose node_modules/otel-thread-ctx is this checkout, as after `npm install`. */
 function installedApp(t) {
-  const app = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-reader-compat-app-'));
+  const app = scratchDir('otel-reader-compat-app-');
   fs.mkdirSync(path.join(app, 'node_modules'));
   fs.symlinkSync(ROOT, path.join(app, 'node_modules', 'otel-thread-ctx'), 'dir');
   t.after(() => fs.rmSync(app, { recursive: true, force: true }));
