@@ -21,6 +21,8 @@ const { AsyncLocalStorageContextManager } = require('@opentelemetry/context-asyn
 const binding = require('./binding');
 const recordMode = require('./publish/record');
 const frameMode = require('./publish/frame');
+const spanRecords = require('./span-records');
+const sdkResource = require('./sdk-resource');
 const { schemaFromOptions } = require('./span-attributes');
 const { warnOnce, warnUnknownOptions } = require('./warnings');
 
@@ -184,6 +186,9 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
         // Keys first: registering them publishes the context if it is absent.
         this._attributeSchema?.registerAll();
         publishMinimalProcessContext();
+        // The SDK's Resource, from the first span published (zero-config
+        // process context): the span records say when a span is new.
+        spanRecords.observeNewSpans(sdkResource.onNewSpan);
       }
       this._enabled = true;
       pushEnabled(this);

@@ -4,16 +4,14 @@
 // publishes (SDK spans carry it as `span.resource`). It is published from
 // that span on, without waiting for the span to end.
 //
-// It is called where the manager computes the record entry of a span it has
-// not seen before (once per span, not per context switch), and stops for
-// good once a Resource was seen. A Resource the application published itself
+// The manager has it called with each span given its first record (once per
+// span, not per context switch: ./span-records.js), and it stops for good
+// once a Resource was seen. A Resource the application published itself
 // (publishProcessContext with `resource`, or ProcessContextSpanProcessor,
 // which sees spans before they become active), on this thread or any other,
 // is left as it is.
 
-// Required on first use: process-context.js requires the manager, which
-// requires this module.
-let processContext = null;
+const processContext = require('./process-context');
 
 let watching = true;
 let publisher = null;
@@ -33,17 +31,19 @@ function settledAttributes(resource) {
   return attributes;
 }
 
-/** Looks at a span the manager publishes for the first time. Never throws. */
+/**
+ * Looks at a span the manager publishes for the first time; whether it
+ * wants to see more spans (false once a Resource was seen). Never throws.
+ */
 function onNewSpan(span) {
-  if (!watching) return;
+  if (!watching) return false;
   try {
-    processContext ??= require('./process-context');
     const resource = span.resource;
-    if (resource == null || typeof resource !== 'object') return;
+    if (resource == null || typeof resource !== 'object') return true;
     watching = false;
     // Another thread (the main one, say) may have published its Resource:
     // the process context is process-wide, so only an empty one is filled.
-    if (processContext.resourcePublishedExplicitly() || processContext.processContextInfo()?.resourceAttributes > 0) return;
+    if (processContext.resourcePublishedExplicitly() || processContext.processContextInfo()?.resourceAttributes > 0) return false;
     if (publisher === null) {
       publisher = new processContext.ProcessContextSpanProcessor();
       publisher._explicit = false;
@@ -59,6 +59,7 @@ function onNewSpan(span) {
     // failed publication through diag itself.
     watching = false;
   }
+  return watching;
 }
 
 module.exports = { onNewSpan };

@@ -25,7 +25,6 @@ const { diag } = require('@opentelemetry/api');
 const abi = require('./abi');
 const binding = require('./binding');
 const view = require('./record-view');
-const sdkResource = require('./sdk-resource');
 const localRoot = require('./local-root');
 const { methodObserver } = require('./span-methods');
 const { Stamp } = require('./hidden-state');
@@ -274,9 +273,21 @@ function observeSpanClass(span) {
   return ended && attributes && name;
 }
 
+/**
+ * Called with each span given its first record, until it returns false
+ * (the zero-config process context's look at the SDK's Resource, wired by
+ * the manager); null: none.
+ */
+let newSpanObserver = null;
+
+/** Sets what newSpanObserver is (a function that cannot throw, or null). */
+function observeNewSpans(observer) {
+  newSpanObserver = observer;
+}
+
 /** A new record for `span`, or null when it publishes no span. */
 function newRecord(span) {
-  sdkResource.onNewSpan(span);
+  if (newSpanObserver !== null && !newSpanObserver(span)) newSpanObserver = null;
   const observed = observeSpanClass(span);
   if (span.ended === true) return null;
   const sc = span.spanContext();
@@ -481,4 +492,5 @@ module.exports = {
   blankRecord,
   reportUnreadableSpan,
   configure,
+  observeNewSpans,
 };
