@@ -355,3 +355,39 @@ export declare class ProcessContextSpanProcessor {
   forceFlush(): Promise<void>;
   shutdown(): Promise<void>;
 }
+
+/** Options of `ProfileIdSpanProcessor`. */
+export interface ProfileIdSpanProcessorOptions {
+  /**
+   * Which spans get `pyroscope.profile.id`: `'local-roots'` (default:
+   * spans without a parent in this process, e.g. the HTTP server span;
+   * Grafana's convention, their flame graph holds their children's work)
+   * or `'all'` (for profiles labelled with the innermost span).
+   */
+  spans?: 'local-roots' | 'all';
+}
+
+/**
+ * An OpenTelemetry SDK `SpanProcessor` that sets the attribute
+ * `pyroscope.profile.id` (the span's own id) on the spans whose profiles
+ * Grafana should offer from a trace ("Profiles for this span"), when they
+ * start. Spans of unsampled traces are left alone. Never throws into the
+ * SDK. Register it before the exporting processor; pair it with the
+ * profiler's matching span-profile setting (docs/grafana.md).
+ *
+ * @example
+ * new NodeSDK({
+ *   contextManager: new ProfilingContextManager(),
+ *   spanProcessors: [new ProfileIdSpanProcessor(), new BatchSpanProcessor(exporter)],
+ * }).start();
+ */
+export declare class ProfileIdSpanProcessor {
+  /** @throws {TypeError | RangeError} on a bad `spans` option. */
+  constructor(options?: ProfileIdSpanProcessorOptions);
+  /** Which spans it marks. */
+  readonly spans: 'local-roots' | 'all';
+  onStart(span: import('@opentelemetry/api').Span, parentContext?: import('@opentelemetry/api').Context): void;
+  onEnd(span: unknown): void;
+  forceFlush(): Promise<void>;
+  shutdown(): Promise<void>;
+}

@@ -7,6 +7,7 @@ const binding = require('./js/binding');
 const { ProfilingContextManager, publishingMode } = require('./js/context-manager');
 const { setSpanContext, clearSpanContext } = require('./js/direct-api');
 const processContext = require('./js/process-context');
+const { ProfileIdSpanProcessor } = require('./js/profile-id-processor');
 
 /**
  * Diagnostics for the calling thread: its registration, the mode its
@@ -28,4 +29,6 @@ module.exports = {
   publishProcessContext: processContext.publishProcessContext,
   registerAttributeKeys: processContext.registerAttributeKeys,
   processContextInfo: processContext.processContextInfo,
+  // Trace-to-profile links for Grafana (`pyroscope.profile.id`).
+  ProfileIdSpanProcessor,
 };
