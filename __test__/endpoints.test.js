@@ -150,6 +150,14 @@ test('endpoints', { skip: READER === null ? 'the reader is not built' : false },
     assert.ok((endpoint[ROUTE] ?? 0) / all >= SHARE, `trace_endpoint of sortNumbers stacks (${all} s): ${JSON.stringify(endpoint)}`);
     assert.ok((section('span_name').sortBigArray ?? 0) / all >= SHARE);
     assert.ok(Object.keys(section('local_root_span_id')).every((id) => /^[0-9a-f]{16}$/.test(id)));
+
+    // What docs/profile-outputs.md shows: only the labels asked for, and one endpoint's functions.
+    const shown = spawnSync(go, ['tool', 'pprof', '-tags', '-tagshow=trace_endpoint|span_name', out], { encoding: 'utf8' });
+    assert.strictEqual(shown.status, 0, shown.stderr);
+    assert.deepStrictEqual([...shown.stdout.matchAll(/^ *(\S+): Total/gm)].map((m) => m[1]).sort(), ['span_name', 'trace_endpoint']);
+    const focused = spawnSync(go, ['tool', 'pprof', '-top', `-tagfocus=trace_endpoint=${ROUTE}`, out], { encoding: 'utf8' });
+    assert.strictEqual(focused.status, 0, focused.stderr);
+    assert.match(focused.stdout, /sortNumbers/);
   });
 
   await t.test('otlp: samples of the route\'s stacks carry http.route, span.name and the local root', { skip: skipProfile ?? false }, async () => {
