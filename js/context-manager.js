@@ -1,8 +1,12 @@
 'use strict';
 // ProfilingContextManager: the stock AsyncLocalStorageContextManager, plus
 // publishing this thread's active span for out-of-process profilers, in one
-// of two modes (one module each, behind the same activate/deactivate
-// interface):
+// of two modes. Each mode is one module with the same interface:
+// storeFor(context) (what the AsyncLocalStorage stores for a context, whose
+// `context` active() returns), activate(manager) and deactivate(manager);
+// record mode adds the pointer's swap around a switch (enter, republish,
+// publishStore). The manager decides which context is active; the modes
+// publish it:
 // - frame (./publish/frame.js): the Node.js schema `nodejs_v1_dev`; the
 //   AsyncLocalStorage stores a wrapper over the span's native record and a
 //   profiler walks V8's AsyncContextFrame to it: nothing runs per async
@@ -224,7 +228,7 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
     // (BENCHMARKS.md, "The upstream manager's surface").
     const cb = thisArg == null ? fn : fn.bind(thisArg);
     // Frame mode: one run() with the context's wrapper, nothing else.
-    if (this._frame) return this._asyncLocalStorage.run(frameMode.wrapperFor(context), cb, ...args);
+    if (this._frame) return this._asyncLocalStorage.run(frameMode.storeFor(context), cb, ...args);
     const store = recordMode.storeFor(context);
     if (!this._publishing) return this._asyncLocalStorage.run(store, cb, ...args);
     const outer = recordMode.publishedRecord();
@@ -238,7 +242,7 @@ class ProfilingContextManager extends AsyncLocalStorageContextManager {
 
   attach(context) {
     const storage = this._asyncLocalStorage;
-    if (this._frame) return attachWrapper(storage, frameMode.wrapperFor(context));
+    if (this._frame) return attachWrapper(storage, frameMode.storeFor(context));
     const store = recordMode.storeFor(context);
     const token = attachWrapper(storage, store);
     if (!this._publishing) return token;

@@ -91,7 +91,7 @@ let nullWrapper = null;
  * with the stock manager. One private-field lookup and a few loads on the path
  * a context takes after its first entry. Cannot throw.
  */
-function wrapperFor(context) {
+function storeFor(context) {
   if (typeof context !== 'object' || context === null) {
     if (context === undefined) return (undefinedWrapper ??= noSpanWrapper(undefined));
     if (context === null) return (nullWrapper ??= noSpanWrapper(null));
@@ -225,11 +225,11 @@ function activate(manager) {
 }
 
 /** Stops publishing frames on this thread; the record is left invalid. */
-function deactivate() {
+function deactivate(_manager) {
   spanRecords.configure(null);
   binding.frameUnpublish();
   binding.setClearOnIdle(false);
   view.clear();
 }
 
-module.exports = { wrapperFor, availability, activate, deactivate, usesAsyncContextFrame };
+module.exports = { storeFor, availability, activate, deactivate, usesAsyncContextFrame };
