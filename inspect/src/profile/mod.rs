@@ -661,6 +661,17 @@ pub(crate) fn with_pid(resource: Option<Resource>, pid: i32) -> Resource {
         r.attributes
             .push(KeyValue::new("process.pid", AnyValue::int(pid as i64)));
     }
+    if !r.attributes.iter().any(|kv| kv.key == "service.name") {
+        // What an SDK without a configured name reports.
+        let name = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .map_or("unknown_service".to_string(), |n| {
+                format!("unknown_service:{n}")
+            });
+        r.attributes
+            .push(KeyValue::new("service.name", AnyValue::string(name)));
+    }
     r
 }
 
@@ -892,10 +903,18 @@ mod tests {
     fn the_resource_names_the_process() {
         let r = with_pid(None, 7);
         assert_eq!(r.attributes[0].key, "process.pid");
+        assert_eq!(r.attributes[1].key, "service.name");
         let given = Resource {
-            attributes: vec![KeyValue::new("process.pid", AnyValue::int(1))],
+            attributes: vec![
+                KeyValue::new("process.pid", AnyValue::int(1)),
+                KeyValue::new("service.name", AnyValue::string("checkout")),
+            ],
             dropped_attributes_count: 0,
         };
-        assert_eq!(with_pid(Some(given), 7).attributes.len(), 1);
+        assert_eq!(with_pid(Some(given), 7).attributes.len(), 2);
+        // A process that names no service is named after its executable.
+        let own = with_pid(None, std::process::id() as i32);
+        let name = format!("{:?}", own.attributes[1].value);
+        assert!(name.contains("unknown_service:"), "{name}");
     }
 }
