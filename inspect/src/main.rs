@@ -132,6 +132,13 @@ enum Command {
         /// The default now; accepted for the scripts that named it.
         #[arg(long, hide = true, conflicts_with_all = ["no_threadpool", "threadpool_probes"])]
         threadpool_at_sample_time: bool,
+        /// Span profiles for Grafana Pyroscope (or another backend that files samples by span id):
+        /// each sample of the OTLP output is filed under its local root span (`root`: a `span_id`
+        /// attribute holding the root's id; matches ProfileIdSpanProcessor's default) or under the
+        /// innermost span it ran in (`span`: the link's span id), with one value each and ids only
+        /// in the link and `span_id`.
+        #[arg(long, value_enum)]
+        span_profiles: Option<profile::otlp::SpanProfiles>,
     },
     /// Continuous profiling of every process on the host that publishes a
     /// thread context (or the ones named): one OTLP export every interval,
@@ -167,6 +174,12 @@ enum Command {
         /// whether or not they publish a thread context.
         #[arg(long = "process-name", value_name = "NAME")]
         process_names: Vec<String>,
+        /// Span profiles for Grafana Pyroscope (or another backend that files samples by span id):
+        /// each OTLP sample is filed under its local root span (`root`: a `span_id` attribute holding
+        /// the root's id; matches ProfileIdSpanProcessor's default) or under the innermost span it ran
+        /// in (`span`: the link's span id), with one value each and ids only in the link and `span_id`.
+        #[arg(long, value_enum)]
+        span_profiles: Option<profile::otlp::SpanProfiles>,
     },
     /// Checks OTLP ProfilesData protobuf files (as `profile --format otlp` and `agent --output-dir`
     /// write them) against the profiling SIG's conformance rules; exit status 1 when one breaks a rule.
@@ -221,6 +234,7 @@ fn main() -> ExitCode {
             output_max_mib,
             pids,
             process_names,
+            span_profiles,
         } => {
             let endpoint = match otlp_endpoint
                 .map(|url| agent::export::parse_endpoint(&url, otlp_protocol))
@@ -243,6 +257,7 @@ fn main() -> ExitCode {
                 output_dir,
                 output_max_bytes: output_max_mib * 1024 * 1024,
                 endpoint,
+                span_profiles,
                 selection: agent::processes::Selection {
                     pids,
                     names: process_names,
@@ -298,6 +313,7 @@ fn main() -> ExitCode {
             no_threadpool,
             threadpool_probes,
             threadpool_at_sample_time: _,
+            span_profiles,
         } => {
             let opts = profile::Options {
                 pid,
@@ -311,6 +327,7 @@ fn main() -> ExitCode {
                 max_traces,
                 threadpool: !no_threadpool,
                 threadpool_probes,
+                span_profiles,
             };
             match profile::run(&opts) {
                 Err(e) => {

@@ -45,6 +45,8 @@ pub struct Options {
     pub output_dir: Option<PathBuf>,
     pub output_max_bytes: u64,
     pub endpoint: Option<export::Endpoint>,
+    /// Exports in the span-profile form, filed under which span.
+    pub span_profiles: Option<crate::profile::otlp::SpanProfiles>,
     pub selection: processes::Selection,
 }
 
@@ -175,6 +177,7 @@ fn sample(
     let settings = request::Settings {
         hz: opts.hz,
         off_cpu: opts.off_cpu,
+        span_profiles: opts.span_profiles,
     };
     let queue = exporter.as_ref().map(|e| e.queue.clone());
     let builder = {

@@ -26,6 +26,7 @@ pub struct Window {
 pub struct Settings {
     pub hz: u64,
     pub off_cpu: bool,
+    pub span_profiles: Option<crate::profile::otlp::SpanProfiles>,
 }
 
 /// The request for these intervals; `None` when none has a sample.
@@ -36,7 +37,7 @@ pub fn build(
     host_name: &str,
     symbolizer: &Symbolizer,
 ) -> Option<ExportProfilesServiceRequest> {
-    let mut builder = RequestBuilder::default();
+    let mut builder = RequestBuilder::new(settings.span_profiles);
     for interval in intervals {
         if interval.samples.is_empty() {
             continue;

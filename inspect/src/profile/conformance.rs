@@ -290,7 +290,7 @@ mod tests {
             attributes: vec![KeyValue::new("service.name", AnyValue::string("svc"))],
             dropped_attributes_count: 0,
         };
-        crate::profile::otlp::data(crate::profile::otlp::request(&p, resource))
+        crate::profile::otlp::data(crate::profile::otlp::request(&p, resource, None))
     }
 
     fn first_sample(d: &mut ProfilesData) -> &mut Sample {

@@ -99,6 +99,8 @@ pub struct Options {
     /// could be read at sample time (a target that publishes the Node.js
     /// schema).
     pub threadpool_probes: bool,
+    /// OTLP output in the span-profile form, filed under which span.
+    pub span_profiles: Option<otlp::SpanProfiles>,
 }
 
 /// What the command prints when it is done.
@@ -601,8 +603,11 @@ fn sample(
         write(opts, &profile, &resource, &notes, &output, &mut lines)?;
     }
     if let Some(endpoint) = &opts.otlp_endpoint {
-        let status = otlp::send(endpoint, &otlp::request(&profile, resource.clone()))
-            .map_err(ProfileError::from)?;
+        let status = otlp::send(
+            endpoint,
+            &otlp::request(&profile, resource.clone(), opts.span_profiles),
+        )
+        .map_err(ProfileError::from)?;
         lines.push(format!("sent OTLP profiles to {endpoint}: {status}"));
     }
     lines.extend(notes);
@@ -708,7 +713,8 @@ fn write(
             use otel_thread_ctx_otlp::Message;
             save(
                 output,
-                &otlp::data(otlp::request(profile, resource.clone())).encode_to_vec(),
+                &otlp::data(otlp::request(profile, resource.clone(), opts.span_profiles))
+                    .encode_to_vec(),
             )?;
             lines.push(format!("wrote {}", output.display()));
         }
@@ -792,6 +798,7 @@ mod tests {
             max_traces: 20,
             threadpool: true,
             threadpool_probes: false,
+            span_profiles: None,
         }
     }
 

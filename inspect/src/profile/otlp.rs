@@ -2,6 +2,12 @@
 //! one CPU profile and, with off-CPU profiling, one off-CPU profile, under
 //! the process context's Resource; each sample links to its trace and span,
 //! and carries the thread and record attributes.
+//!
+//! With span profiles (`--span-profiles`), the form span-profile backends
+//! such as Grafana Pyroscope ingest: one value per sample (no timestamps),
+//! ids only in the link and, for `root`, a `span_id` attribute holding the
+//! local root span's id (which such backends read in place of the link's),
+//! and no per-thread or per-span keys among the attributes.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -15,9 +21,25 @@ use otel_thread_ctx_otlp::profiles::{
 };
 use otel_thread_ctx_otlp::{AnyValue, Message, Resource};
 
+use otel_thread_ctx_abi::attrs;
+
 use super::kernel::Kind;
 use super::model::Profile;
 use super::symbolize::Frame;
+
+/// Which span a sample's profile is filed under in a span-profile backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpanProfiles {
+    /// Under its local root span (a `span_id` sample attribute): a root's
+    /// profile holds the work of every span under it.
+    Root,
+    /// Under the innermost span it ran in (the link's span id).
+    Span,
+}
+
+/// The sample attribute span-profile backends read in place of the link's
+/// span id.
+pub const SPAN_ID_KEY: &str = "span_id";
 
 #[derive(Default)]
 struct Dictionary {
@@ -145,24 +167,32 @@ impl Dictionary {
 pub struct RequestBuilder {
     dict: Dictionary,
     resource_profiles: Vec<ResourceProfiles>,
+    span_profiles: Option<SpanProfiles>,
 }
 
 impl Default for RequestBuilder {
     fn default() -> Self {
-        RequestBuilder {
-            dict: Dictionary::new(),
-            resource_profiles: Vec::new(),
-        }
+        RequestBuilder::new(None)
     }
 }
 
 impl RequestBuilder {
+    /// A builder whose samples take the span-profile form when asked.
+    pub fn new(span_profiles: Option<SpanProfiles>) -> Self {
+        RequestBuilder {
+            dict: Dictionary::new(),
+            resource_profiles: Vec::new(),
+            span_profiles,
+        }
+    }
+
     /// Adds one process's profile under its resource.
     pub fn add(&mut self, p: &Profile, resource: Resource) {
         let dict = &mut self.dict;
-        let mut profiles = vec![profile_of(p, Kind::OnCpu, dict)];
+        let mode = self.span_profiles;
+        let mut profiles = vec![profile_of(p, Kind::OnCpu, mode, dict)];
         if p.off_cpu {
-            profiles.push(profile_of(p, Kind::OffCpu, dict));
+            profiles.push(profile_of(p, Kind::OffCpu, mode, dict));
         }
         self.resource_profiles.push(ResourceProfiles {
             resource: Some(resource),
@@ -192,15 +222,24 @@ impl RequestBuilder {
 }
 
 /// Builds the request of one process: the same message as `ProfilesData`,
-/// field for field.
-pub fn request(p: &Profile, resource: Resource) -> ExportProfilesServiceRequest {
-    let mut b = RequestBuilder::default();
+/// field for field; its samples in the span-profile form when asked.
+pub fn request(
+    p: &Profile,
+    resource: Resource,
+    span_profiles: Option<SpanProfiles>,
+) -> ExportProfilesServiceRequest {
+    let mut b = RequestBuilder::new(span_profiles);
     b.add(p, resource);
     b.finish()
 }
 
 /// The CPU or off-CPU profile of `p`, its names and links in `dict`.
-fn profile_of(p: &Profile, kind: Kind, dict: &mut Dictionary) -> OtlpProfile {
+fn profile_of(
+    p: &Profile,
+    kind: Kind,
+    span_profiles: Option<SpanProfiles>,
+    dict: &mut Dictionary,
+) -> OtlpProfile {
     let (type_name, period_name) = match kind {
         Kind::OnCpu => ("cpu", "cpu"),
         Kind::OffCpu => ("off_cpu", "context_switch"),
@@ -228,6 +267,10 @@ fn profile_of(p: &Profile, kind: Kind, dict: &mut Dictionary) -> OtlpProfile {
         });
         out.period = 1;
     }
+    if let Some(mode) = span_profiles {
+        span_profile_samples(p, kind, mode, dict, &mut out);
+        return out;
+    }
     for e in p.entries.iter().filter(|e| e.kind == kind) {
         let mut attribute_indices = vec![
             dict.int("thread.id", e.tid as i64),
@@ -249,6 +292,56 @@ fn profile_of(p: &Profile, kind: Kind, dict: &mut Dictionary) -> OtlpProfile {
         });
     }
     out
+}
+
+/// The samples of `kind` in the span-profile form: one summed value each,
+/// samples that differ only in what is left out merged.
+fn span_profile_samples(
+    p: &Profile,
+    kind: Kind,
+    mode: SpanProfiles,
+    dict: &mut Dictionary,
+    out: &mut OtlpProfile,
+) {
+    let mut merged: HashMap<(i32, Vec<i32>, i32), usize> = HashMap::new();
+    for e in p.entries.iter().filter(|e| e.kind == kind) {
+        let mut attribute_indices = vec![
+            dict.text("thread.name", &e.thread_name),
+            dict.text("thread.state", e.state.name()),
+        ];
+        if e.threadpool {
+            attribute_indices.push(dict.text("thread.pool", "true"));
+        }
+        for (k, v) in &e.attributes {
+            if k != attrs::LOCAL_ROOT_SPAN_ID_KEY && k != SPAN_ID_KEY {
+                attribute_indices.push(dict.text(k, v));
+            }
+        }
+        if mode == SpanProfiles::Root && e.span.is_some() {
+            if let Some(root) = e.local_root_span_id() {
+                attribute_indices.push(dict.text(SPAN_ID_KEY, root));
+            }
+        }
+        let stack_index = dict.stack(&e.frames);
+        let link_index = e.span.map_or(0, |s| dict.link(s.trace_id, s.span_id));
+        let value = e.total_ns() as i64;
+        match merged.entry((stack_index, attribute_indices, link_index)) {
+            std::collections::hash_map::Entry::Occupied(o) => {
+                out.samples[*o.get()].values[0] += value;
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let (stack_index, attribute_indices, link_index) = v.key().clone();
+                v.insert(out.samples.len());
+                out.samples.push(Sample {
+                    stack_index,
+                    attribute_indices,
+                    link_index,
+                    values: vec![value],
+                    timestamps_unix_nano: Vec::new(),
+                });
+            }
+        }
+    }
 }
 
 /// The file form.
@@ -348,7 +441,7 @@ mod tests {
             attributes: vec![KeyValue::new("service.name", AnyValue::string("svc"))],
             dropped_attributes_count: 0,
         };
-        let bytes = data(request(&p, resource)).encode_to_vec();
+        let bytes = data(request(&p, resource, None)).encode_to_vec();
         let d = ProfilesData::decode(&bytes[..]).unwrap();
         let dict = d.dictionary.unwrap();
         assert_eq!(dict.string_table[0], "");
@@ -408,6 +501,125 @@ mod tests {
             s(dict.function_table[leaf.lines[0].function_index as usize].name_strindex),
             "leaf"
         );
+    }
+
+    /// The sample attributes of `sample` as (key, string value).
+    fn attributes_of(dict: &ProfilesDictionary, sample: &Sample) -> Vec<(String, String)> {
+        sample
+            .attribute_indices
+            .iter()
+            .map(|&i| {
+                let kv = &dict.attribute_table[i as usize];
+                let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                    Some(otel_thread_ctx_otlp::any_value::Value::StringValue(s)) => s.clone(),
+                    other => format!("{other:?}"),
+                };
+                (dict.string_table[kv.key_strindex as usize].clone(), value)
+            })
+            .collect()
+    }
+
+    /// The test profile, its first entry's span under another local root.
+    fn profile_with_a_child_span() -> Profile {
+        let mut p = crate::profile::model::tests::profile();
+        for (k, v) in p.entries[0].attributes.iter_mut() {
+            if k == attrs::LOCAL_ROOT_SPAN_ID_KEY {
+                *v = "0101010101010101".into();
+            }
+        }
+        p
+    }
+
+    fn span_profile_data(mode: SpanProfiles) -> ProfilesData {
+        let p = profile_with_a_child_span();
+        let resource = Resource {
+            attributes: vec![KeyValue::new("service.name", AnyValue::string("svc"))],
+            dropped_attributes_count: 0,
+        };
+        let bytes = data(request(&p, resource, Some(mode))).encode_to_vec();
+        ProfilesData::decode(&bytes[..]).unwrap()
+    }
+
+    #[test]
+    fn root_span_profiles_file_samples_under_the_local_root_and_keep_the_innermost_link() {
+        let d = span_profile_data(SpanProfiles::Root);
+        assert!(
+            crate::profile::conformance::check(&d).is_empty(),
+            "{:?}",
+            crate::profile::conformance::check(&d)
+        );
+        let dict = d.dictionary.as_ref().unwrap();
+        let profiles = &d.resource_profiles[0].scope_profiles[0].profiles;
+        for p in profiles {
+            assert!(p.period > 0 && p.period_type.is_some());
+            for s in &p.samples {
+                assert_eq!(s.values.len(), 1, "{s:?}");
+                assert!(s.timestamps_unix_nano.is_empty());
+                let keys: Vec<String> =
+                    attributes_of(dict, s).into_iter().map(|(k, _)| k).collect();
+                for banned in ["thread.id", "local_root.span_id", "trace_id"] {
+                    assert!(!keys.iter().any(|k| k == banned), "{keys:?}");
+                }
+            }
+        }
+        let on_cpu = &profiles[0];
+        let first = on_cpu.samples.iter().find(|s| s.link_index != 0).unwrap();
+        // Two samples of 10 ms, one value.
+        assert_eq!(first.values, [20_000_000]);
+        let link = &dict.link_table[first.link_index as usize];
+        assert_eq!(
+            (link.trace_id.len(), link.span_id.clone()),
+            (16, vec![7; 8])
+        );
+        let attrs = attributes_of(dict, first);
+        assert!(attrs.contains(&("span_id".into(), "0101010101010101".into())));
+        assert!(attrs.contains(&("span.name".into(), "sort".into())));
+        assert!(attrs.contains(&("http.route".into(), "/a".into())));
+        // A sample outside any span is filed under no span.
+        let spanless = on_cpu.samples.iter().find(|s| s.link_index == 0).unwrap();
+        assert!(!attributes_of(dict, spanless)
+            .iter()
+            .any(|(k, _)| k == "span_id"));
+    }
+
+    #[test]
+    fn innermost_span_profiles_leave_the_span_to_the_link() {
+        let d = span_profile_data(SpanProfiles::Span);
+        assert!(crate::profile::conformance::check(&d).is_empty());
+        let dict = d.dictionary.as_ref().unwrap();
+        let on_cpu = &d.resource_profiles[0].scope_profiles[0].profiles[0];
+        let first = on_cpu.samples.iter().find(|s| s.link_index != 0).unwrap();
+        assert_eq!(
+            dict.link_table[first.link_index as usize].span_id,
+            vec![7; 8]
+        );
+        assert_eq!(first.values, [20_000_000]);
+        assert!(!attributes_of(dict, first)
+            .iter()
+            .any(|(k, _)| k == "span_id" || k == "local_root.span_id"));
+    }
+
+    #[test]
+    fn samples_differing_only_in_their_thread_merge_in_span_profiles() {
+        let mut p = crate::profile::model::tests::profile();
+        let mut twin = p.entries[0].clone();
+        twin.tid = 99;
+        p.entries.push(twin);
+        let resource = Resource {
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+        };
+        let plain = request(&p, resource.clone(), None);
+        let merged = request(&p, resource, Some(SpanProfiles::Root));
+        let samples = |r: &ExportProfilesServiceRequest| {
+            r.resource_profiles[0].scope_profiles[0].profiles[0]
+                .samples
+                .clone()
+        };
+        assert_eq!(samples(&merged).len() + 1, samples(&plain).len());
+        let total: i64 = samples(&merged).iter().map(|s| s.values[0]).sum();
+        let plain_total: i64 = samples(&plain).iter().flat_map(|s| s.values.clone()).sum();
+        assert_eq!(total, plain_total);
     }
 
     #[test]
