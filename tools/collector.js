@@ -6,7 +6,8 @@
 // to an HTTP sink of the caller's, so a test reads the Collector's own
 // output, decoded with the official .proto.
 //
-// `node tools/collector.js` builds (or finds) the binary and prints its path.
+// `node tools/collector.js [version]` builds (or finds) the binary and
+// prints its path.
 
 const fs = require('node:fs');
 const os = require('node:os');
@@ -15,41 +16,46 @@ const { spawn, spawnSync } = require('node:child_process');
 const { onLines } = require('./subprocess');
 
 const VERSION = '0.165.0';
-const CACHE = path.join(process.env.XDG_CACHE_HOME || path.join(os.homedir(), '.cache'), 'otel-thread-ctx', `collector-${VERSION}`);
-const BINARY = path.join(CACHE, 'otelcol-profiles');
+
+/** Where the binary of a Collector version is cached. */
+function cacheOf(version) {
+  return path.join(process.env.XDG_CACHE_HOME || path.join(os.homedir(), '.cache'), 'otel-thread-ctx', `collector-${version}`);
+}
 
 /** The builder's manifest: only what the tests use. */
-function manifest() {
+function manifest(version) {
   return [
     'dist:',
     '  name: otelcol-profiles',
     '  description: OpenTelemetry Collector for the otel-thread-ctx tests',
-    `  output_path: ${JSON.stringify(path.join(CACHE, 'build'))}`,
+    `  output_path: ${JSON.stringify(path.join(cacheOf(version), 'build'))}`,
     'receivers:',
-    `  - gomod: go.opentelemetry.io/collector/receiver/otlpreceiver v${VERSION}`,
+    `  - gomod: go.opentelemetry.io/collector/receiver/otlpreceiver v${version}`,
     'exporters:',
-    `  - gomod: go.opentelemetry.io/collector/exporter/otlphttpexporter v${VERSION}`,
-    `  - gomod: go.opentelemetry.io/collector/exporter/debugexporter v${VERSION}`,
+    `  - gomod: go.opentelemetry.io/collector/exporter/otlphttpexporter v${version}`,
+    `  - gomod: go.opentelemetry.io/collector/exporter/debugexporter v${version}`,
     '',
   ].join('\n');
 }
 
 /**
- * The Collector binary: {binary} when it is cached or was just built, or
- * {reason} why it cannot be had here (no Go, the build failed). The first
- * build takes a few minutes.
+ * The binary of Collector `version` (default {@link VERSION}): {binary} when
+ * it is cached or was just built, or {reason} why it cannot be had here (no
+ * Go, the build failed). The first build takes a few minutes.
  */
-function collectorBinary() {
+function collectorBinary(version = VERSION) {
+  const CACHE = cacheOf(version);
+  const BINARY = path.join(CACHE, 'otelcol-profiles');
   if (fs.existsSync(BINARY)) return { binary: BINARY };
   const go = spawnSync('go', ['version'], { encoding: 'utf8' });
   if (go.error || go.status !== 0) return { reason: `Go is not installed (${go.error?.code ?? go.stderr.trim()}): the Collector cannot be built` };
   fs.mkdirSync(CACHE, { recursive: true });
   const gobin = path.join(CACHE, 'bin');
   const env = { ...process.env, GOBIN: gobin, GOFLAGS: '-mod=mod', CGO_ENABLED: '0' };
-  const install = spawnSync('go', ['install', `go.opentelemetry.io/collector/cmd/builder@v${VERSION}`], { env, encoding: 'utf8' });
+  const install = spawnSync('go', ['install', `go.opentelemetry.io/collector/cmd/builder@v${version}`], { env, encoding: 'utf8' });
   if (install.status !== 0) return { reason: `go install of the Collector builder failed: ${install.stderr.trim().slice(-2000)}` };
   const manifestPath = path.join(CACHE, 'manifest.yaml');
-  fs.writeFileSync(manifestPath, manifest());
+  fs.writeFileSync(manifestPath, manifest(version));
   const build = spawnSync(path.join(gobin, 'builder'), ['--config', manifestPath], { env, encoding: 'utf8' });
   const built = path.join(CACHE, 'build', 'otelcol-profiles');
   if (build.status !== 0 || !fs.existsSync(built)) {
@@ -122,7 +128,7 @@ function startCollector(binary, { grpcPort, httpPort, sinkUrl, dir }) {
 module.exports = { VERSION, collectorBinary, startCollector };
 
 if (require.main === module) {
-  const got = collectorBinary();
+  const got = collectorBinary(process.argv[2] || VERSION);
   if (got.reason) {
     console.error(got.reason);
     process.exit(1);
