@@ -1288,10 +1288,8 @@ int BPF_PROG(off_cpu, bool preempt, struct task_struct *prev, struct task_struct
 	}
 	// Switched out, waiting or preempted: its memory is still the current
 	// one (not so for `next`, whose mm is not yet switched in).
-	if (t) {
+	if (t)
 		check_isolate(t, prev);
-		read_pending(t, prev_tgid);
-	}
 	__u32 next_tgid = BPF_CORE_READ(next, tgid);
 	if (bpf_map_lookup_elem(&targets, &next_tgid)) {
 		__u32 tid = BPF_CORE_READ(next, pid);
@@ -1303,6 +1301,21 @@ int BPF_PROG(off_cpu, bool preempt, struct task_struct *prev, struct task_struct
 			bpf_map_delete_elem(&blocked, &tid);
 		}
 	}
+	return 0;
+}
+
+// The same switch-out, for the process's waiting pool items (read_pending),
+// also where its memory is the current one. A program of its own, attached
+// after off_cpu: the read runs in a bpf_loop callback, and the verifier
+// bounds the stack of a program and its callbacks together, which off_cpu's
+// own stack leaves no room for.
+SEC("tp_btf/sched_switch")
+int BPF_PROG(pending_on_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	__u32 tgid = BPF_CORE_READ(prev, tgid);
+	const struct target *t = bpf_map_lookup_elem(&targets, &tgid);
+	if (t)
+		read_pending(t, tgid);
 	return 0;
 }
 

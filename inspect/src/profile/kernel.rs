@@ -545,20 +545,25 @@ pub use loaded::Loaded;
 
 /// Why the BPF side could not be loaded or attached.
 #[derive(Debug, thiserror::Error)]
-#[error("{text}{}", if *.denied { " (profile needs root, or CAP_BPF and CAP_PERFMON)" } else { "" })]
+#[error("{text}{}", .needs.map(|needs| format!(" ({needs})")).unwrap_or_default())]
 pub struct AttachError {
     /// What failed, followed by its chain of causes.
     text: String,
-    /// A cause in the chain is a refused system call (`EPERM`/`EACCES`).
-    denied: bool,
+    /// What the refused step needs, when a cause in the chain is a refused
+    /// system call (`EPERM`/`EACCES`).
+    needs: Option<&'static str>,
 }
+
+/// What loading and attaching the samplers needs.
+const SAMPLERS_NEED: &str = "this needs root, or CAP_BPF and CAP_PERFMON";
+/// What the libuv uprobes need: kernels that refuse uprobe perf events to
+/// CAP_PERFMON alone take them from CAP_SYS_ADMIN.
+const UPROBES_NEED: &str =
+    "the libuv uprobes need root, or CAP_SYS_ADMIN where the kernel refuses them to CAP_PERFMON";
 
 impl From<String> for AttachError {
     fn from(text: String) -> Self {
-        AttachError {
-            text,
-            denied: false,
-        }
+        AttachError { text, needs: None }
     }
 }
 
@@ -659,15 +664,20 @@ mod loaded {
                         "--off-cpu needs the kernel's BTF (/sys/kernel/btf/vmlinux): {e}"
                     ))
                 })?;
-                let prog: &mut BtfTracePoint = ebpf
-                    .program_mut("off_cpu")
-                    .ok_or("the BPF object has no off_cpu program")?
-                    .try_into()
-                    .map_err(|e| format!("off_cpu: {e}"))?;
-                prog.load("sched_switch", &btf)
-                    .map_err(|e| explain("loading the sched_switch program", &e))?;
-                prog.attach()
-                    .map_err(|e| explain("attaching to sched_switch", &e))?;
+                // off_cpu first: it checks the switching thread's isolate
+                // before pending_on_switch reads the process's waiting items.
+                for name in ["off_cpu", "pending_on_switch"] {
+                    let prog: &mut BtfTracePoint = ebpf
+                        .program_mut(name)
+                        .ok_or_else(|| format!("the BPF object has no {name} program"))?
+                        .try_into()
+                        .map_err(|e| format!("{name}: {e}"))?;
+                    prog.load("sched_switch", &btf).map_err(|e| {
+                        explain(&format!("loading the sched_switch program {name}"), &e)
+                    })?;
+                    prog.attach()
+                        .map_err(|e| explain(&format!("attaching {name} to sched_switch"), &e))?;
+                }
             }
             let ring = RingBuf::try_from(ebpf.take_map("samples").ok_or("no samples map")?)
                 .map_err(|e| format!("samples map: {e}"))?;
@@ -825,7 +835,13 @@ mod loaded {
                 cookie,
             };
             prog.attach(point, &probes.attach_path, scope)
-                .map_err(|e| explain(&format!("attaching {program} to {function}"), &e))?;
+                .map_err(|e| {
+                    explain_needing(
+                        &format!("attaching {program} to {function}"),
+                        &e,
+                        super::UPROBES_NEED,
+                    )
+                })?;
         }
         Ok(())
     }
@@ -833,6 +849,15 @@ mod loaded {
     /// Names the failed step with its chain of causes, and tells a refused
     /// system call (decided by its errno) from other failures.
     fn explain(what: &str, e: &(dyn std::error::Error + 'static)) -> AttachError {
+        explain_needing(what, e, super::SAMPLERS_NEED)
+    }
+
+    /// explain(), saying that a refused step needs `needs`.
+    fn explain_needing(
+        what: &str,
+        e: &(dyn std::error::Error + 'static),
+        needs: &'static str,
+    ) -> AttachError {
         let mut text = what.to_string();
         let mut denied = false;
         for cause in std::iter::successors(Some(e), |c| c.source()) {
@@ -841,7 +866,10 @@ mod loaded {
                 .downcast_ref::<std::io::Error>()
                 .is_some_and(crate::error::is_permission_denied);
         }
-        AttachError { text, denied }
+        AttachError {
+            text,
+            needs: denied.then_some(needs),
+        }
     }
 }
 
