@@ -38,7 +38,7 @@ pub enum TargetError {
         #[source]
         source: io::Error,
     },
-    #[error("permission denied reading the memory of {pid} (run as root, or as the target's user with kernel.yama.ptrace_scope=0, or grant CAP_SYS_PTRACE): {source}")]
+    #[error("permission denied reading the memory of {pid} (run as root, or as the target's user with kernel.yama.ptrace_scope=0, or grant CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH): {source}")]
     MemoryDenied {
         pid: i32,
         #[source]

@@ -69,9 +69,7 @@ pub fn run(opts: &Options) -> Result<Vec<String>, Fatal> {
     if let Some(reason) = kernel::unavailable() {
         return Err(ProfileError::NoSampler(reason).into());
     }
-    if !crate::profile::privileged() {
-        return Err(ProfileError::Unprivileged.into());
-    }
+    crate::profile::check_privileges()?;
     if opts.output_dir.is_none() && opts.endpoint.is_none() {
         return Err(AgentError::NoDestination.into());
     }

@@ -113,21 +113,35 @@ const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
-/// Whether this process may load tracing BPF programs and open system-wide
-/// perf events: root's capabilities, or CAP_BPF with CAP_PERFMON.
-pub(crate) fn privileged() -> bool {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    let Some(caps) = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-    else {
-        return false;
-    };
+/// Checks that this process may load tracing BPF programs and open
+/// system-wide perf events: root's capabilities, or CAP_BPF with
+/// CAP_PERFMON; else the error names the ones it lacks.
+pub(crate) fn check_privileges() -> Result<(), ProfileError> {
+    let caps = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0);
     let has = |bit: u32| caps & (1 << bit) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+    if has(CAP_SYS_ADMIN) {
+        return Ok(());
+    }
+    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .into_iter()
+        .filter(|&(bit, _)| !has(bit))
+        .map(|(_, name)| name)
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(ProfileError::Unprivileged {
+            missing: missing.join(", "),
+        })
+    }
 }
 
 pub(crate) fn unix_now_ns() -> u64 {
@@ -161,8 +175,11 @@ pub(crate) fn current_process_context(pid: i32) -> Option<(Option<Resource>, Vec
 pub enum ProfileError {
     #[error("this build has no kernel sampler: {0}. To get profile, install clang and libbpf's headers (Debian: apt-get install clang libbpf-dev), then rebuild (npm install, or cargo build --release)")]
     NoSampler(&'static str),
-    #[error("profile loads BPF programs and opens a perf event on every CPU: run it as root, or with CAP_BPF and CAP_PERFMON (e.g. setcap cap_bpf,cap_perfmon+ep on the binary)")]
-    Unprivileged,
+    #[error("sampling loads BPF programs and opens a perf event on every CPU: run as root, or grant CAP_BPF and CAP_PERFMON (missing: {missing}); reading the processes of other users takes CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH as well (e.g. setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_dac_read_search+ep on the binary)")]
+    Unprivileged {
+        /// The capabilities it lacks, by name.
+        missing: String,
+    },
     #[error(transparent)]
     Attach(#[from] kernel::AttachError),
     #[error("cannot write {what} {}: {source}; nothing was sampled", .path.display())]
@@ -191,9 +208,7 @@ pub fn run(opts: &Options) -> Result<Report, Fatal> {
     if let Some(reason) = kernel::unavailable() {
         return Err(ProfileError::NoSampler(reason).into());
     }
-    if !privileged() {
-        return Err(ProfileError::Unprivileged.into());
-    }
+    check_privileges()?;
     let target = Target::open(opts.pid)?;
     if let Some(note) = no_context_note(opts.pid, &target) {
         // Now rather than in the summary: the run takes its whole duration.
@@ -427,6 +442,13 @@ fn sample(
     let start_unix_ns = unix_now_ns();
     let started = Instant::now();
     loaded.add_target(&plan).map_err(ProfileError::from)?;
+    // Attaching takes seconds (the kernel verifies the programs): say when
+    // sampling has begun, so a user (or a script) knows the run is live.
+    eprintln!(
+        "otel-thread-ctx: sampling pid {pid} at {} Hz for up to {:.0} s; SIGINT (Ctrl-C) ends it early",
+        opts.hz,
+        opts.duration.as_secs_f64()
+    );
     let mut collector = symbolize::Collector::new(pid, target.maps.clone());
     let mut stacks = unwind::Stacks::new(pid, target.maps.clone());
     let mut samples = Vec::new();
