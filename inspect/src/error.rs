@@ -1,22 +1,15 @@
 //! The failures that end a command with exit status 2 (or 128 + N when a
 //! signal ended it), each with the chain of causes behind it.
 
-use crate::ptrace::StopError;
-use crate::target::TargetError;
+use otel_thread_ctx_reader::target::TargetError;
 
-/// A usage, permission or environment failure: the command exits with
-/// status 2 (128 + N for [`Fatal::Interrupted`]).
+/// A usage, permission or environment failure of `profile` or `agent`: the
+/// command exits with status 2. (`inspect` and `sample` end on the reader's
+/// own [`otel_thread_ctx_reader::Error`].)
 #[derive(Debug, thiserror::Error)]
 pub enum Fatal {
     #[error(transparent)]
     Target(#[from] TargetError),
-    /// A thread could not be stopped for lack of privilege.
-    #[error(transparent)]
-    Denied(StopError),
-    #[error("interrupted by signal {0}")]
-    Interrupted(i32),
-    #[error("process {pid} executed a new program every time it was read ({attempts} times)")]
-    ExecutedEveryTime { pid: i32, attempts: usize },
     #[error(transparent)]
     Profile(#[from] crate::profile::ProfileError),
     #[error(transparent)]

@@ -7,29 +7,16 @@
 //! 128 + N = stopped early by signal N (every thread already released).
 
 mod agent;
-mod discovery;
-mod elf;
 mod error;
-mod inspect;
-mod maps;
-mod memory;
 mod output;
-mod process_context;
 mod profile;
-mod ptrace;
-mod record;
-mod sample;
-mod schema;
-mod signals;
-mod target;
-mod thread;
-mod tls;
 
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use otel_thread_ctx_reader::{conformance, sampler, signals};
 
 #[derive(Parser)]
 #[command(
@@ -332,7 +319,7 @@ fn main() -> ExitCode {
             pid,
             json,
             stop_timeout_ms,
-        } => match inspect::run(pid, Duration::from_millis(stop_timeout_ms)) {
+        } => match conformance::run(pid, Duration::from_millis(stop_timeout_ms)) {
             Err(e) => {
                 eprintln!("otel-thread-ctx: {}", output::escape(&e.to_string()));
                 // Interrupted runs exit like the signal's default action would.
@@ -358,14 +345,14 @@ fn main() -> ExitCode {
             raw,
             stop_timeout_ms,
         } => {
-            let opts = sample::Options {
+            let opts = sampler::Options {
                 pid,
                 hz: hz as f64,
                 duration: Duration::from_secs_f64(duration),
                 stop_timeout: Duration::from_millis(stop_timeout_ms),
             };
             let mut stdout = std::io::stdout().lock();
-            let result = sample::run(
+            let result = sampler::run(
                 &opts,
                 if raw {
                     Some(&mut stdout as &mut dyn Write)

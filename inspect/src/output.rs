@@ -11,8 +11,8 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
-use crate::inspect::{ProcessContextInfo, Report, SymbolInfo};
-use crate::sample::{Exec, Summary};
+use otel_thread_ctx_reader::conformance::{ProcessContextInfo, Report, SymbolInfo};
+use otel_thread_ctx_reader::sampler::{Exec, Summary};
 
 /// Whether a terminal could act on `c` rather than print it: C0 controls
 /// (including ESC and newline), DEL, C1 controls, and the bidirectional
@@ -413,7 +413,7 @@ fn span_rows(o: &mut String, s: &Summary) {
 }
 
 /// Why a thread's reads found no span, when some did not.
-fn no_span_row(o: &mut String, t: &crate::sample::ThreadSummary) {
+fn no_span_row(o: &mut String, t: &otel_thread_ctx_reader::sampler::ThreadSummary) {
     if t.no_span.is_empty() {
         return;
     }
@@ -435,7 +435,7 @@ fn no_span_row(o: &mut String, t: &crate::sample::ThreadSummary) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::{GroupShare, SpanShare, StopStats, ThreadSummary};
+    use otel_thread_ctx_reader::sampler::{GroupShare, SpanShare, StopStats, ThreadSummary};
 
     /// A summary of two threads, the first read in 300 spans.
     fn summary() -> Summary {

@@ -121,7 +121,7 @@ fn sample(
     use std::sync::Arc;
     use std::time::Instant;
 
-    use crate::thread::monotonic_ns;
+    use otel_thread_ctx_reader::thread::monotonic_ns;
 
     let mut loaded =
         kernel::Loaded::attach(opts.hz, opts.off_cpu, MAX_PROCESSES).map_err(ProfileError::from)?;
@@ -227,7 +227,7 @@ fn sample(
     let mut seen_processes: u64 = 0;
     let mut skipped_exports: u64 = 0;
     loop {
-        let ending = crate::signals::requested().is_some();
+        let ending = otel_thread_ctx_reader::signals::requested().is_some();
         for change in changes.try_iter() {
             match change {
                 processes::Change::Added(found) => {
@@ -339,7 +339,7 @@ fn sample(
         "the agent used {:.3} s of CPU",
         crate::profile::own_cpu_ns() as f64 / 1e9
     ));
-    if let Some(sig) = crate::signals::requested() {
+    if let Some(sig) = otel_thread_ctx_reader::signals::requested() {
         lines.push(format!("ended by signal {sig}"));
     }
     Ok(lines)

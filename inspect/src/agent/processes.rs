@@ -10,12 +10,12 @@
 use std::collections::{HashMap, HashSet};
 use std::fs;
 
-use crate::discovery::open_mapped;
-use crate::elf::{self, MappedFile};
-use crate::maps::{self, Mapping};
 use crate::profile::kernel::TargetPlan;
-use crate::schema::Schema;
-use crate::target::Target;
+use otel_thread_ctx_reader::discovery::open_mapped;
+use otel_thread_ctx_reader::elf::{self, MappedFile};
+use otel_thread_ctx_reader::maps::{self, Mapping};
+use otel_thread_ctx_reader::schema::Schema;
+use otel_thread_ctx_reader::target::Target;
 
 /// Which processes to profile.
 #[derive(Clone, Debug, Default)]
@@ -188,8 +188,8 @@ impl Watcher {
         if plan.nodejs[0] == crate::profile::kernel::TlsPlan::NONE {
             return None;
         }
-        let (_, memory) = crate::target::open_memory(pid).ok()?;
-        let layout = crate::process_context::lookup(&maps, &memory).v8_layout();
+        let (_, memory) = otel_thread_ctx_reader::target::open_memory(pid).ok()?;
+        let layout = otel_thread_ctx_reader::process_context::lookup(&maps, &memory).v8_layout();
         if layout == plan.layout {
             return None;
         }

@@ -8,12 +8,12 @@ use std::collections::HashMap;
 use otel_thread_ctx_otlp::Resource;
 
 use super::processes::Found;
-use crate::maps::{self, Mapping};
 use crate::profile::kernel::{ItemRead, Sample};
 use crate::profile::symbolize::Collector;
 use crate::profile::unwind::{choose, StackUnwinder};
 use crate::profile::{current_process_context, model, threadpool};
-use crate::thread;
+use otel_thread_ctx_reader::maps::{self, Mapping};
+use otel_thread_ctx_reader::tasks;
 
 pub struct Profiled {
     pub pid: i32,
@@ -96,8 +96,8 @@ impl Profiled {
         if self.exited {
             return;
         }
-        for tid in thread::list(self.pid) {
-            let name = thread::name(self.pid, tid);
+        for tid in tasks::list(self.pid) {
+            let name = tasks::name(self.pid, tid);
             if !name.is_empty() {
                 self.thread_names.insert(tid as u32, name);
             }
@@ -133,7 +133,7 @@ impl Profiled {
             std::mem::take(&mut self.thread_names)
         } else {
             // Threads that exited are named no more.
-            let live: std::collections::HashSet<u32> = thread::list(self.pid)
+            let live: std::collections::HashSet<u32> = tasks::list(self.pid)
                 .into_iter()
                 .map(|t| t as u32)
                 .collect();

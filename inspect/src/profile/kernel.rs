@@ -7,10 +7,10 @@ use std::collections::HashMap;
 
 use otel_thread_ctx_abi::node_schema::{V8Layout, MAX_MODULES};
 
-use crate::record::{self, Header, HEADER_SIZE, RECORD_SIZE};
-use crate::schema::nodejs::Reason;
-use crate::schema::Schema;
-use crate::tls::Plan;
+use otel_thread_ctx_reader::record::{self, Header, HEADER_SIZE, RECORD_SIZE};
+use otel_thread_ctx_reader::schema::nodejs::Reason;
+use otel_thread_ctx_reader::schema::Schema;
+use otel_thread_ctx_reader::tls::Plan;
 
 /// Frames per stack the program copies (its `MAX_FRAMES`).
 pub const MAX_FRAMES: usize = 127;

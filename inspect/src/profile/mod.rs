@@ -2,7 +2,7 @@
 //!
 //! A BPF program takes the samples (a perf event per CPU; sched_switch for
 //! off-CPU time) and reads the sampled thread's OTEP 4947 record at that
-//! instant, found the way [`crate::tls`] resolved it for the process. This
+//! instant, found the way [`otel_thread_ctx_reader::tls`] resolved it for the process. This
 //! side decodes the samples, names the frames, and writes pprof, OTLP,
 //! folded stacks or flame graphs.
 
@@ -32,10 +32,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use otel_thread_ctx_otlp::{AnyValue, KeyValue, Resource};
 
 use crate::error::Fatal;
-use crate::process_context::{self, Lookup};
-use crate::schema::Schema;
-use crate::target::Target;
-use crate::thread;
+use otel_thread_ctx_reader::process_context::{self, Lookup};
+use otel_thread_ctx_reader::schema::Schema;
+use otel_thread_ctx_reader::target::Target;
+use otel_thread_ctx_reader::tasks;
+use otel_thread_ctx_reader::thread;
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -138,8 +139,8 @@ pub(crate) fn unix_now_ns() -> u64 {
 
 /// The process context's Resource (as published) and key map, if any.
 fn process_context(
-    maps: &[crate::maps::Mapping],
-    memory: &dyn crate::memory::Memory,
+    maps: &[otel_thread_ctx_reader::maps::Mapping],
+    memory: &dyn otel_thread_ctx_reader::memory::Memory,
 ) -> (Option<Resource>, Vec<String>) {
     match process_context::lookup(maps, memory) {
         Lookup::Found(d) => (d.resource, d.attribute_key_map.unwrap_or_default()),
@@ -150,8 +151,8 @@ fn process_context(
 /// Re-reads the process context of a live process; `None` when it is gone
 /// or publishes none.
 pub(crate) fn current_process_context(pid: i32) -> Option<(Option<Resource>, Vec<String>)> {
-    let maps = crate::maps::read(pid).ok()?;
-    let (_, memory) = crate::target::open_memory(pid).ok()?;
+    let maps = otel_thread_ctx_reader::maps::read(pid).ok()?;
+    let (_, memory) = otel_thread_ctx_reader::target::open_memory(pid).ok()?;
     let found = process_context(&maps, &memory);
     (found.0.is_some() || !found.1.is_empty()).then_some(found)
 }
@@ -295,7 +296,9 @@ fn read_pool_at_sample_time(
     plan: &mut kernel::TargetPlan,
     lines: &mut Vec<String>,
 ) -> bool {
-    if !crate::process_context::lookup(&target.maps, &target.memory).publishes_nodejs_schema() {
+    if !otel_thread_ctx_reader::process_context::lookup(&target.maps, &target.memory)
+        .publishes_nodejs_schema()
+    {
         return true;
     }
     let Some(running) = threadpool::running_item_plan(probes, &target.maps) else {
@@ -318,10 +321,10 @@ fn read_pool_at_sample_time(
 /// module shows what [`threadpool::running_item_plan`] needs.
 pub fn pool_at_sample_time(
     pid: i32,
-    maps: &[crate::maps::Mapping],
-    memory: &dyn crate::memory::Memory,
+    maps: &[otel_thread_ctx_reader::maps::Mapping],
+    memory: &dyn otel_thread_ctx_reader::memory::Memory,
 ) -> Option<kernel::RunningItemPlan> {
-    if !crate::process_context::lookup(maps, memory).publishes_nodejs_schema() {
+    if !otel_thread_ctx_reader::process_context::lookup(maps, memory).publishes_nodejs_schema() {
         return None;
     }
     let probes = threadpool::find(pid, maps).ok()?;
@@ -369,13 +372,14 @@ pub fn target_plan(pid: i32, target: &Target) -> (kernel::TargetPlan, Vec<String
             "thread context: unreadable; samples carry no span".into()
         });
     }
-    let layout = crate::process_context::lookup(&target.maps, &target.memory).v8_layout();
+    let layout =
+        otel_thread_ctx_reader::process_context::lookup(&target.maps, &target.memory).v8_layout();
     let plan = kernel::TargetPlan::new(
         pid as u32,
         record_plan.as_ref(),
         &nodejs_plans,
         layout,
-        crate::tls::HOST.dtv_pointer_offset,
+        otel_thread_ctx_reader::tls::HOST.dtv_pointer_offset,
     );
     (plan, lines)
 }
@@ -445,14 +449,16 @@ fn sample(
         samples.push(s);
     };
     loop {
-        if crate::signals::requested().is_some() || started.elapsed() >= opts.duration {
+        if otel_thread_ctx_reader::signals::requested().is_some()
+            || started.elapsed() >= opts.duration
+        {
             break;
         }
         if names_refreshed.elapsed() >= Duration::from_millis(500) {
             // Names as /proc shows them (the BPF side only has comm, which
             // is the same text; this also catches names set later).
-            for tid in thread::list(pid) {
-                let name = thread::name(pid, tid);
+            for tid in tasks::list(pid) {
+                let name = tasks::name(pid, tid);
                 if !name.is_empty() {
                     thread_names.insert(tid as u32, name);
                 }
@@ -462,7 +468,7 @@ fn sample(
             if let Some(found) = current_process_context(pid) {
                 context = found;
             }
-            if thread::process_exited(pid) {
+            if tasks::process_exited(pid) {
                 // Its pid may be reused: sample nothing under it.
                 loaded.remove_target(pid as u32);
                 target_exited = true;
@@ -613,7 +619,7 @@ fn sample(
         own_cpu_ns as f64 / 1e3 / samples.len().max(1) as f64,
         samples.len()
     ));
-    if let Some(sig) = crate::signals::requested() {
+    if let Some(sig) = otel_thread_ctx_reader::signals::requested() {
         lines.push(format!("ended by signal {sig}"));
     }
     Ok(Report { lines, stdout })

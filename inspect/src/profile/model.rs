@@ -7,8 +7,8 @@ use super::kernel::{Kind, Sample};
 use super::symbolize::{Frame, Names};
 use opentelemetry::trace::{SpanId, TraceId};
 
-use crate::record;
 use otel_thread_ctx_abi::attrs;
+use otel_thread_ctx_reader::record;
 
 /// The span a sample's record named, as the W3C bytes of its ids (byte
 /// order is what orders the profile's output).
@@ -122,16 +122,7 @@ impl Entry {
     }
 }
 
-/// The endpoint of a record's attributes: its `http.route`, after its
-/// `http.request.method` when it has one (`GET /sort`), as the local root
-/// published it for every span of its tree.
-pub fn endpoint<'a>(attribute: impl Fn(&str) -> Option<&'a str>) -> Option<String> {
-    let route = attribute(attrs::ROUTE_KEY)?;
-    Some(match attribute(attrs::METHOD_KEY) {
-        Some(method) => format!("{method} {route}"),
-        None => route.to_string(),
-    })
-}
+pub use otel_thread_ctx_reader::record::endpoint;
 
 /// A finished profile.
 #[derive(Clone, Debug, Default)]
@@ -312,7 +303,7 @@ pub fn build(
 pub mod tests {
     use super::*;
     use crate::profile::kernel::RecordRead;
-    use crate::record::Header;
+    use otel_thread_ctx_reader::record::Header;
 
     pub fn record(span: u8, attrs: &[u8]) -> RecordRead {
         RecordRead::Record {
@@ -341,7 +332,7 @@ pub mod tests {
             comm: format!("t{tid}"),
             time_ns: 1_000,
             off_cpu_ns,
-            schema: crate::schema::Schema::Record,
+            schema: otel_thread_ctx_reader::schema::Schema::Record,
             record,
             threadpool: false,
             pool_item: None,

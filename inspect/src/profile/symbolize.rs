@@ -14,7 +14,7 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use blazesym::MaybeDefault;
 
 use super::perf_map;
-use crate::maps::{self, Mapping};
+use otel_thread_ctx_reader::maps::{self, Mapping};
 
 /// A stack frame's name and the module it is in.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

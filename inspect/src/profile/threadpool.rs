@@ -17,11 +17,11 @@ use object::elf;
 use object::read::elf::{ElfFile64, ProgramHeader, Sym};
 use object::Endianness;
 
-use crate::elf::MappedFile;
-use crate::maps::Mapping;
 use crate::profile::kernel::{ItemRead, RecordRead, RunningItemPlan, Sample};
 use crate::profile::model::lookup_address;
 use crate::profile::symbolize::Names;
+use otel_thread_ctx_reader::elf::MappedFile;
+use otel_thread_ctx_reader::maps::Mapping;
 
 /// Queues a work item: `uv__work_submit(loop, w, kind, work, done)`.
 /// The file system and DNS requests call it; `uv_queue_work` has its own
@@ -350,18 +350,24 @@ pub fn clear_between_items(samples: &mut [Sample], names: &Names) -> usize {
 /// id names one request for the process's life, and a request keeps the
 /// context it was made in. Returns how many samples it filled.
 pub fn fill_from_same_item(samples: &mut [Sample], reads: &[ItemRead]) -> usize {
-    let mut read: std::collections::HashMap<(u32, u64, u64), (RecordRead, crate::schema::Schema)> =
-        samples
-            .iter()
-            .filter(|s| s.threadpool)
-            .filter_map(|s| {
-                let (item, id) = s.pool_item?;
-                Some(((s.tgid, item, id), (s.record.clone(), s.schema)))
-            })
-            .collect();
+    let mut read: std::collections::HashMap<
+        (u32, u64, u64),
+        (RecordRead, otel_thread_ctx_reader::schema::Schema),
+    > = samples
+        .iter()
+        .filter(|s| s.threadpool)
+        .filter_map(|s| {
+            let (item, id) = s.pool_item?;
+            Some(((s.tgid, item, id), (s.record.clone(), s.schema)))
+        })
+        .collect();
     for r in reads.iter().filter(|r| r.record.valid().is_some()) {
-        read.entry((r.tgid, r.item, r.async_id))
-            .or_insert_with(|| (r.record.clone(), crate::schema::Schema::Nodejs));
+        read.entry((r.tgid, r.item, r.async_id)).or_insert_with(|| {
+            (
+                r.record.clone(),
+                otel_thread_ctx_reader::schema::Schema::Nodejs,
+            )
+        });
     }
     let mut filled = 0;
     for s in samples
@@ -786,7 +792,10 @@ mod tests {
         ];
         assert_eq!(fill_from_same_item(&mut samples, &reads), 1);
         assert!(samples[0].threadpool && samples[0].record == record(7, &[]));
-        assert_eq!(samples[0].schema, crate::schema::Schema::Nodejs);
+        assert_eq!(
+            samples[0].schema,
+            otel_thread_ctx_reader::schema::Schema::Nodejs
+        );
         // Another request at the same address, another process, no span.
         assert!(samples[1..].iter().all(|s| !s.threadpool));
     }

@@ -18,8 +18,8 @@ use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::{Object, ObjectSection, ObjectSegment};
 
 use super::kernel::{Kind, Sample, StackCopy};
-use crate::elf::MappedFile;
-use crate::maps::{self, Mapping};
+use otel_thread_ctx_reader::elf::MappedFile;
+use otel_thread_ctx_reader::maps::{self, Mapping};
 
 /// Frames per unwound stack at most.
 pub const MAX_UNWOUND_FRAMES: usize = 512;

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use opentelemetry::trace::{SpanId, TraceId};
 use serde::Serialize;
 
-use crate::error::Fatal;
 use crate::process_context;
 use crate::ptrace::Tracer;
 use crate::record::decode_attributes;
@@ -16,8 +15,10 @@ use crate::schema::nodejs::{self, Reason};
 use crate::schema::Schema;
 use crate::signals;
 use crate::target::Target;
+use crate::tasks;
 use crate::thread::{self, Outcome, Plans};
 use crate::tls::{self, TlsError};
+use crate::Error;
 use otel_thread_ctx_abi::attrs;
 
 /// Layout version of the JSON summary.
@@ -352,7 +353,7 @@ fn advance(next: &mut Instant, period: Duration) -> u64 {
 pub fn run(
     opts: &Options,
     mut raw: Option<&mut dyn Write>,
-) -> Result<Result<Summary, Unpublished>, Fatal> {
+) -> Result<Result<Summary, Unpublished>, Error> {
     let target = Target::open(opts.pid)?;
     let resolution = match resolve(&target) {
         Ok(r) => r,
@@ -382,7 +383,7 @@ pub fn run(
             break;
         }
         if current.is_none() {
-            if thread::process_exited(opts.pid) {
+            if tasks::process_exited(opts.pid) {
                 target_exited = true;
                 break;
             }
@@ -412,7 +413,7 @@ pub fn run(
             }
         }
         let (target, resolution) = current.as_ref().expect("checked above");
-        let tids = thread::list(opts.pid);
+        let tids = tasks::list(opts.pid);
         if tids.is_empty() {
             target_exited = true;
             break;
@@ -434,15 +435,15 @@ pub fn run(
             ) {
                 Ok(read) => read,
                 // The process died under the read: end with what was gathered.
-                Err(_) if thread::process_exited(opts.pid) => {
+                Err(_) if tasks::process_exited(opts.pid) => {
                     target_exited = true;
                     break 'run;
                 }
-                Err(e) => return Err(Fatal::Denied(e)),
+                Err(e) => return Err(Error::Denied(e)),
             };
             match read.outcome {
                 Outcome::Gone => continue,
-                Outcome::AddressSpaceGone if thread::process_exited(opts.pid) => {
+                Outcome::AddressSpaceGone if tasks::process_exited(opts.pid) => {
                     target_exited = true;
                     break 'run;
                 }
@@ -508,7 +509,7 @@ pub fn run(
                     if let Some(name) = get(attrs::SPAN_NAME_KEY) {
                         span.name = Some(name.to_string());
                     }
-                    if let Some(endpoint) = crate::profile::model::endpoint(get) {
+                    if let Some(endpoint) = crate::record::endpoint(get) {
                         span.endpoint = Some(endpoint);
                     }
                     if let Some(id) = get(attrs::LOCAL_ROOT_SPAN_ID_KEY) {
@@ -552,7 +553,7 @@ pub fn run(
                 }
             }
         }
-        if !read_any && thread::process_exited(opts.pid) {
+        if !read_any && tasks::process_exited(opts.pid) {
             // Exited, possibly still a zombie its parent has not reaped.
             target_exited = true;
             break;
@@ -589,7 +590,7 @@ pub fn run(
             spans.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.span_id.cmp(&b.span_id)));
             ThreadSummary {
                 tid,
-                name: thread::name(opts.pid, tid),
+                name: tasks::name(opts.pid, tid),
                 schema: t.schema,
                 samples: t.samples,
                 no_span: t

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::collect::{Collected, ReadThread, Threads};
-use super::conformance::{self, Findings};
+use super::rules::{self, Findings};
 use crate::discovery::DefiningModule;
 use crate::elf::TlsRelocKind;
 use crate::process_context::{self, Lookup};
@@ -256,7 +256,7 @@ fn hex_addr(a: u64) -> String {
 /// Judges what was collected and builds the report.
 pub fn build(c: Collected) -> Report {
     let mut f = Findings::default();
-    conformance::process_context(&mut f, &c.process_context);
+    rules::process_context(&mut f, &c.process_context);
     let key_map = match &c.process_context {
         Lookup::Found(d) => d.attribute_key_map.clone(),
         _ => None,
@@ -264,7 +264,7 @@ pub fn build(c: Collected) -> Report {
     let process_context = process_context_info(c.process_context);
     let modules = module_infos(&c.target);
     if c.target.module.is_none() && c.target.nodejs.is_empty() {
-        conformance::no_module(&mut f, &c.target.discovery.errors);
+        rules::no_module(&mut f, &c.target.discovery.errors);
         let Threads::Listed(listed) = c.threads else {
             unreachable!("threads are read only with a resolution")
         };
@@ -301,7 +301,7 @@ pub fn build(c: Collected) -> Report {
         .into_iter()
         .map(|t| thread_info(&mut f, t, &c.target, key_map.as_deref()))
         .collect();
-    conformance::some_thread_read(
+    rules::some_thread_read(
         &mut f,
         threads.iter().any(|t| t.tls.is_some()),
         process_exited,
@@ -339,17 +339,17 @@ fn judge_symbol(
     module: &DefiningModule,
     resolution: &Result<Resolution, TlsError>,
 ) -> SymbolInfo {
-    conformance::symbol(f, module);
-    conformance::access_model(f, module);
+    rules::symbol(f, module);
+    rules::access_model(f, module);
     let others: Vec<String> = target
         .discovery
         .of(module.schema)
         .skip(1)
         .map(|m| m.path.clone())
         .collect();
-    conformance::other_definitions(f, module, &others);
+    rules::other_definitions(f, module, &others);
     if let Err(e) = resolution {
-        conformance::resolution(f, module.schema, e);
+        rules::resolution(f, module.schema, e);
     }
     symbol_info(module, resolution, others)
 }
@@ -473,16 +473,16 @@ fn thread_info(
         ),
         Outcome::NoRecord(why) => (ThreadStatus::NoRecord, Some(why), None),
         Outcome::NoSpan(n) => {
-            conformance::walk(f, tid, &n);
+            rules::walk(f, tid, &n);
             no_span_reason = Some(n.reason.as_str());
             (ThreadStatus::NoSpan, Some(n.to_string()), None)
         }
         Outcome::Error(e) => {
-            conformance::thread_error(f, tid, &e);
+            rules::thread_error(f, tid, &e);
             (ThreadStatus::Error, Some(e.to_string()), None)
         }
         Outcome::Record(rec) => {
-            let reason = conformance::record(f, tid, &rec.header);
+            let reason = rules::record(f, tid, &rec.header);
             let status = match reason {
                 None => ThreadStatus::Valid,
                 Some(_) if rec.header.valid == 0 => ThreadStatus::Idle,
@@ -526,13 +526,13 @@ fn record_info(f: &mut Findings, tid: i32, rec: &Record, key_map: Option<&[Strin
     let mut attributes = Vec::new();
     if valid {
         let decoded = decode_attributes(&rec.attrs_data);
-        conformance::attributes(f, tid, &decoded, key_map);
+        rules::attributes(f, tid, &decoded, key_map);
         attributes = decoded
             .entries
             .into_iter()
             .map(|a| AttributeInfo {
                 key_index: a.key_index,
-                key: conformance::key_name(key_map, a.key_index).cloned(),
+                key: rules::key_name(key_map, a.key_index).cloned(),
                 value: String::from_utf8_lossy(&a.value).into_owned(),
             })
             .collect();

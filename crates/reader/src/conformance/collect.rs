@@ -3,14 +3,15 @@
 
 use std::time::Duration;
 
-use crate::error::Fatal;
 use crate::process_context::{self, Lookup};
 use crate::ptrace::Tracer;
 use crate::schema::Schema;
 use crate::signals;
 use crate::target::Target;
+use crate::tasks;
 use crate::thread::{self, Outcome, Plans, ThreadRead};
 use crate::tls;
+use crate::Error;
 
 /// One reading of the process.
 pub struct Collected {
@@ -44,7 +45,7 @@ pub struct ReadThread {
 
 /// Reads the process once; `None` when it executed a new program meanwhile,
 /// which makes everything found before stale.
-pub fn collect(pid: i32, stop_timeout: Duration) -> Result<Option<Collected>, Fatal> {
+pub fn collect(pid: i32, stop_timeout: Duration) -> Result<Option<Collected>, Error> {
     let target = Target::open(pid)?;
     let process_context = process_context::lookup(&target.maps, &target.memory);
     let plans = Plans {
@@ -59,9 +60,9 @@ pub fn collect(pid: i32, stop_timeout: Duration) -> Result<Option<Collected>, Fa
         let threads = if unresolved {
             Vec::new()
         } else {
-            thread::list(pid)
+            tasks::list(pid)
                 .into_iter()
-                .map(|tid| (tid, thread::name(pid, tid)))
+                .map(|tid| (tid, tasks::name(pid, tid)))
                 .collect()
         };
         return Ok(Some(Collected {
@@ -73,24 +74,24 @@ pub fn collect(pid: i32, stop_timeout: Duration) -> Result<Option<Collected>, Fa
     }
     let mut tracer = Tracer::new(pid, stop_timeout);
     let mut threads = Vec::new();
-    for tid in thread::list(pid) {
+    for tid in tasks::list(pid) {
         if let Some(sig) = signals::requested() {
-            return Err(Fatal::Interrupted(sig));
+            return Err(Error::Interrupted(sig));
         }
         let read = thread::read(&mut tracer, tid, &plans, &target.memory, &tls::HOST, true)
-            .map_err(Fatal::Denied)?;
-        if matches!(read.outcome, Outcome::AddressSpaceGone) && !thread::process_exited(pid) {
+            .map_err(Error::Denied)?;
+        if matches!(read.outcome, Outcome::AddressSpaceGone) && !tasks::process_exited(pid) {
             return Ok(None);
         }
         threads.push(ReadThread {
             tid,
-            name: thread::name(pid, tid),
+            name: tasks::name(pid, tid),
             read,
         });
     }
     drop(tracer);
     let any_read = threads.iter().any(|t| t.read.thread_pointer.is_some());
-    let process_exited = !any_read && thread::process_exited(pid);
+    let process_exited = !any_read && tasks::process_exited(pid);
     Ok(Some(Collected {
         pid,
         target,

@@ -153,6 +153,17 @@ pub struct Attributes {
     pub trailing_bytes: usize,
 }
 
+/// The endpoint of a record's attributes: its `http.route`, after its
+/// `http.request.method` when it has one (`GET /sort`), as the local root
+/// published it for every span of its tree.
+pub fn endpoint<'a>(attribute: impl Fn(&str) -> Option<&'a str>) -> Option<String> {
+    let route = attribute(attrs::ROUTE_KEY)?;
+    Some(match attribute(attrs::METHOD_KEY) {
+        Some(method) => format!("{method} {route}"),
+        None => route.to_string(),
+    })
+}
+
 /// Splits `data` into entries with the ABI's codec, stopping at the first
 /// incomplete one.
 pub fn decode_attributes(data: &[u8]) -> Attributes {

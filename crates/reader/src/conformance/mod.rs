@@ -1,31 +1,32 @@
-//! `otel-thread-ctx inspect`: a conformance report for one process.
+//! A conformance report for one process (the `inspect` command's).
 //!
-//! [`collect`] reads the process, [`conformance`] holds the rules, and
-//! [`report`] judges what was read by them and builds the report that
-//! `output` prints as text (or `--json` prints as is).
+//! `collect` reads the process, `rules` holds the conformance rules, and
+//! `report` judges what was read by them and builds the [`Report`], which
+//! serializes as the JSON report (a program prints it as text as it sees
+//! fit).
 
 mod collect;
-mod conformance;
 mod report;
+mod rules;
 
 use std::time::Duration;
 
 pub use report::{ProcessContextInfo, Report, SymbolInfo};
 
-use crate::error::Fatal;
+use crate::Error;
 
 /// How many times a process that executes a new program while it is read
 /// is read again from the start.
 const ATTEMPTS: usize = 3;
 
 /// Builds the report. `Err` is a usage/permission failure (exit 2).
-pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Fatal> {
+pub fn run(pid: i32, stop_timeout: Duration) -> Result<Report, Error> {
     for _ in 0..ATTEMPTS {
         if let Some(collected) = collect::collect(pid, stop_timeout)? {
             return Ok(report::build(collected));
         }
     }
-    Err(Fatal::ExecutedEveryTime {
+    Err(Error::ExecutedEveryTime {
         pid,
         attempts: ATTEMPTS,
     })

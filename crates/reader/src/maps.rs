@@ -40,6 +40,11 @@ impl Mapping {
     pub fn len(&self) -> u64 {
         self.end - self.start
     }
+
+    /// Whether the mapping covers no byte (the kernel lists none such).
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
 }
 
 /// Reads and parses `/proc/<pid>/maps`.

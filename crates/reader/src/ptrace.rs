@@ -19,7 +19,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::thread;
+use crate::tasks;
 
 /// Why a thread could not be stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -223,7 +223,7 @@ impl Tracer {
     /// (or one of a process that is exiting) cannot be seized either; only a
     /// thread that is still alive afterwards proves a permission failure.
     fn seize_denied(&self, tid: i32) -> StopError {
-        if thread::exited(self.pid, tid) {
+        if tasks::exited(self.pid, tid) {
             // Includes a main thread that called pthread_exit: a zombie
             // cannot be traced and has no context left to read.
             return StopError::Gone;
@@ -243,9 +243,7 @@ impl Tracer {
             // kill, or because it is the main thread, whose exit is
             // reported only after the other threads'.
             Some(Pending::Killed) => return Err(StopError::Gone),
-            Some(Pending::Stopping) if thread::exited(self.pid, tid) => {
-                return Err(StopError::Gone)
-            }
+            Some(Pending::Stopping) if tasks::exited(self.pid, tid) => return Err(StopError::Gone),
             Some(Pending::Stopping) => return Err(StopError::StillStopping),
             None => {}
         }

@@ -101,7 +101,7 @@ impl Discovery {
 
 /// Opens the file behind a mapping: through `map_files` (works for deleted
 /// and container files), else through the target's root directory.
-pub(crate) fn open_mapped(pid: i32, m: &Mapping) -> Option<File> {
+pub fn open_mapped(pid: i32, m: &Mapping) -> Option<File> {
     File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
         .or_else(|_| File::open(format!("/proc/{pid}/root{}", m.name())))
         .ok()

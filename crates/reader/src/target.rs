@@ -150,7 +150,7 @@ impl Target {
                 nodejs,
             });
         }
-        if crate::thread::process_exited(pid) {
+        if crate::tasks::process_exited(pid) {
             return Err(TargetError::Exited(pid));
         }
         Err(TargetError::KeptExecuting(pid))
@@ -164,14 +164,14 @@ const OPEN_ATTEMPTS: usize = 5;
 /// Opens the memory of `pid` through a thread that still has it. A main
 /// thread that called pthread_exit is a zombie without an address space;
 /// any live thread of the process shows the same one.
-pub(crate) fn open_memory(pid: i32) -> Result<(i32, ProcessMemory), TargetError> {
+pub fn open_memory(pid: i32) -> Result<(i32, ProcessMemory), TargetError> {
     let maps = maps::read(pid).map_err(|source| match source.kind() {
         ErrorKind::NotFound => TargetError::NoSuchProcess(pid),
         ErrorKind::PermissionDenied => TargetError::MapsDenied { pid, source },
         _ => TargetError::Maps { pid, source },
     })?;
     let candidates = if maps.is_empty() {
-        crate::thread::list(pid)
+        crate::tasks::list(pid)
     } else {
         vec![pid]
     };
