@@ -15,10 +15,3 @@ pub enum Fatal {
     #[error(transparent)]
     Agent(#[from] crate::agent::AgentError),
 }
-
-/// Whether a system call was refused for lack of privilege: `EPERM` or
-/// `EACCES`, whatever the message says.
-pub fn is_permission_denied(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::PermissionDenied
-        || matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES))
-}

@@ -92,8 +92,8 @@ enum Command {
         #[arg(long, value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "spans")]
         off_cpu: Option<profile::OffCpu>,
         /// First level of the whole-run folded stacks and flame graph.
-        #[arg(long, value_enum, default_value_t = profile::flame::GroupBy::Endpoint)]
-        group_by: profile::flame::GroupBy,
+        #[arg(long, value_enum, default_value_t = otel_thread_ctx_formats::flame::GroupBy::Endpoint)]
+        group_by: otel_thread_ctx_formats::flame::GroupBy,
         /// Output format.
         #[arg(long, value_enum, default_value_t = profile::Format::Pprof)]
         format: profile::Format,
@@ -251,7 +251,7 @@ fn main() -> ExitCode {
         Command::CheckOtlp { files } => {
             let mut conformant = true;
             for path in &files {
-                match profile::conformance::check_file(path) {
+                match otel_thread_ctx_formats::conformance::check_file(path) {
                     Err(e) => {
                         eprintln!("otel-thread-ctx: {}: {e}", path.display());
                         return ExitCode::from(2);

@@ -21,7 +21,9 @@ impl Files {
     /// before finding out.
     pub fn new(dir: &Path, max_bytes: u64) -> io::Result<Files> {
         fs::create_dir_all(dir)?;
-        crate::profile::check_writable(&dir.join(format!(".{PREFIX}check{SUFFIX}.partial")))?;
+        otel_thread_ctx_formats::check_writable(
+            &dir.join(format!(".{PREFIX}check{SUFFIX}.partial")),
+        )?;
         Ok(Files {
             dir: dir.to_path_buf(),
             max_bytes,

@@ -11,9 +11,6 @@
 //! - building: names frames and builds each export, writes the file;
 //! - exporting: sends, retries, drops the oldest when the receiver is away.
 
-// Without the BPF program only the parts that need no kernel are built.
-#![cfg_attr(not(profile_bpf), allow(dead_code, unused_imports))]
-
 pub mod export;
 pub mod files;
 pub mod processes;
@@ -27,7 +24,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::error::Fatal;
-use crate::profile::{kernel, ProfileError};
+use otel_thread_ctx_profiler::loader;
+use otel_thread_ctx_profiler::SamplerError;
 
 /// How often /proc is scanned for processes that started or exited.
 pub const SCAN_EVERY: Duration = Duration::from_secs(2);
@@ -51,6 +49,8 @@ pub struct Options {
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    #[error(transparent)]
+    Sampler(#[from] SamplerError),
     #[error("agent needs somewhere to export: --otlp-endpoint URL and/or --output-dir DIR")]
     NoDestination,
     #[error("cannot use --output-dir {}: {source}", .path.display())]
@@ -66,12 +66,7 @@ pub enum AgentError {
 /// Runs until SIGINT/SIGTERM, then exports once more and returns the
 /// summary lines.
 pub fn run(opts: &Options) -> Result<Vec<String>, Fatal> {
-    if let Some(reason) = kernel::unavailable() {
-        return Err(ProfileError::NoSampler(reason).into());
-    }
-    if !crate::profile::privileged() {
-        return Err(ProfileError::Unprivileged.into());
-    }
+    otel_thread_ctx_profiler::check().map_err(AgentError::from)?;
     if opts.output_dir.is_none() && opts.endpoint.is_none() {
         return Err(AgentError::NoDestination.into());
     }
@@ -95,22 +90,12 @@ pub fn run(opts: &Options) -> Result<Vec<String>, Fatal> {
     sample(opts, files, exporter)
 }
 
-#[cfg(not(profile_bpf))]
-fn sample(
-    _: &Options,
-    _: Option<files::Files>,
-    _: Option<export::Exporter>,
-) -> Result<Vec<String>, Fatal> {
-    unreachable!("kernel::unavailable() is Some without the BPF program")
-}
-
 /// What the building thread is handed at each export.
 struct Job {
     intervals: Vec<profiled::Interval>,
     window: request::Window,
 }
 
-#[cfg(profile_bpf)]
 fn sample(
     opts: &Options,
     mut files: Option<files::Files>,
@@ -123,8 +108,8 @@ fn sample(
 
     use otel_thread_ctx_reader::thread::monotonic_ns;
 
-    let mut loaded =
-        kernel::Loaded::attach(opts.hz, opts.off_cpu, MAX_PROCESSES).map_err(ProfileError::from)?;
+    let mut loaded = loader::Loaded::attach(opts.hz, opts.off_cpu, MAX_PROCESSES)
+        .map_err(|e| AgentError::Sampler(e.into()))?;
     log(&format!(
         "sampling at {} Hz{}, exporting every {:.1} s{}{}",
         opts.hz,
@@ -199,7 +184,7 @@ fn sample(
                     exports.fetch_add(1, Ordering::Relaxed);
                     if let Some(files) = files.as_mut() {
                         use otel_thread_ctx_otlp::Message;
-                        let data = crate::profile::otlp::data(req.clone());
+                        let data = otel_thread_ctx_formats::otlp::data(req.clone());
                         match files.write(
                             job.window.start_unix_ns + job.window.duration_ns,
                             &data.encode_to_vec(),
@@ -219,7 +204,10 @@ fn sample(
     };
 
     let mut profiled: HashMap<i32, profiled::Profiled> = HashMap::new();
-    let mut window_start = (monotonic_ns(), crate::profile::unix_now_ns());
+    let mut window_start = (
+        monotonic_ns(),
+        otel_thread_ctx_profiler::system::unix_now_ns(),
+    );
     let mut last_export = Instant::now();
     let mut names_refreshed = Instant::now();
     let mut samples_total: u64 = 0;
@@ -277,7 +265,10 @@ fn sample(
             names_refreshed = Instant::now();
         }
         if ending || last_export.elapsed() >= opts.interval {
-            let now = (monotonic_ns(), crate::profile::unix_now_ns());
+            let now = (
+                monotonic_ns(),
+                otel_thread_ctx_profiler::system::unix_now_ns(),
+            );
             let intervals: Vec<profiled::Interval> =
                 profiled.values_mut().filter_map(|p| p.cut()).collect();
             profiled.retain(|_, p| !p.exited);
@@ -337,7 +328,7 @@ fn sample(
     }
     lines.push(format!(
         "the agent used {:.3} s of CPU",
-        crate::profile::own_cpu_ns() as f64 / 1e9
+        otel_thread_ctx_profiler::system::own_cpu_ns() as f64 / 1e9
     ));
     if let Some(sig) = otel_thread_ctx_reader::signals::requested() {
         lines.push(format!("ended by signal {sig}"));
@@ -346,7 +337,6 @@ fn sample(
 }
 
 /// One line about the exporter when something went wrong since the start.
-#[cfg(profile_bpf)]
 fn report_exporter(e: &export::Exporter) {
     use std::sync::atomic::Ordering;
     let failed = e.stats.failed_attempts.load(Ordering::Relaxed);

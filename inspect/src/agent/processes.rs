@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs;
 
-use crate::profile::kernel::TargetPlan;
+use otel_thread_ctx_profiler::kernel::TargetPlan;
 use otel_thread_ctx_reader::discovery::open_mapped;
 use otel_thread_ctx_reader::elf::{self, MappedFile};
 use otel_thread_ctx_reader::maps::{self, Mapping};
@@ -178,14 +178,14 @@ impl Watcher {
     /// layout published since.
     fn recheck(&mut self, pid: i32, plan: TargetPlan) -> Option<TargetPlan> {
         let maps = maps::read(pid).ok()?;
-        let unresolved = plan.record.mode == crate::profile::kernel::TlsPlan::NONE.mode
-            && plan.nodejs[0] == crate::profile::kernel::TlsPlan::NONE;
+        let unresolved = plan.record.mode == otel_thread_ctx_profiler::kernel::TlsPlan::NONE.mode
+            && plan.nodejs[0] == otel_thread_ctx_profiler::kernel::TlsPlan::NONE;
         if unresolved && self.publishes(pid, &maps) {
             let target = Target::open(pid).ok()?;
             let (newer, _) = plan_for(pid, &target);
             return (newer != plan).then_some(newer);
         }
-        if plan.nodejs[0] == crate::profile::kernel::TlsPlan::NONE {
+        if plan.nodejs[0] == otel_thread_ctx_profiler::kernel::TlsPlan::NONE {
             return None;
         }
         let (_, memory) = otel_thread_ctx_reader::target::open_memory(pid).ok()?;
@@ -196,7 +196,8 @@ impl Watcher {
         // It published since it was added, perhaps in frame mode: looked for
         // once then (it parses node's symbols), not at every scan.
         let pool = if plan.pool.return_address == 0 {
-            crate::profile::pool_at_sample_time(pid, &maps, &memory).unwrap_or(plan.pool)
+            otel_thread_ctx_profiler::plan::pool_at_sample_time(pid, &maps, &memory)
+                .unwrap_or(plan.pool)
         } else {
             plan.pool
         };
@@ -231,8 +232,10 @@ impl Watcher {
 /// requests where they can be read at sample time (the agent attaches no
 /// threadpool probes). With notes for the log.
 fn plan_for(pid: i32, target: &Target) -> (TargetPlan, Vec<String>) {
-    let (mut plan, mut notes) = crate::profile::target_plan(pid, target);
-    if let Some(pool) = crate::profile::pool_at_sample_time(pid, &target.maps, &target.memory) {
+    let (mut plan, mut notes) = otel_thread_ctx_profiler::plan::target_plan(pid, target);
+    if let Some(pool) =
+        otel_thread_ctx_profiler::plan::pool_at_sample_time(pid, &target.maps, &target.memory)
+    {
         plan.pool = pool;
         notes.push("threadpool: pool threads' samples read the request they run".into());
     }

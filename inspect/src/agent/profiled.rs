@@ -8,10 +8,11 @@ use std::collections::HashMap;
 use otel_thread_ctx_otlp::Resource;
 
 use super::processes::Found;
-use crate::profile::kernel::{ItemRead, Sample};
-use crate::profile::symbolize::Collector;
-use crate::profile::unwind::{choose, StackUnwinder};
-use crate::profile::{current_process_context, model, threadpool};
+use otel_thread_ctx_profiler::kernel::{ItemRead, Sample};
+use otel_thread_ctx_profiler::plan::current_process_context;
+use otel_thread_ctx_profiler::symbolize::Collector;
+use otel_thread_ctx_profiler::unwind::{choose, StackUnwinder};
+use otel_thread_ctx_profiler::{model, threadpool};
 use otel_thread_ctx_reader::maps::{self, Mapping};
 use otel_thread_ctx_reader::tasks;
 

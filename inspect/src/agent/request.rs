@@ -9,8 +9,8 @@ use otel_thread_ctx_otlp::profiles::ExportProfilesServiceRequest;
 
 use super::profiled::Interval;
 use super::resource::{self, Process};
-use crate::profile::model;
-use crate::profile::otlp::RequestBuilder;
+use otel_thread_ctx_formats::otlp::RequestBuilder;
+use otel_thread_ctx_profiler::model;
 
 /// The time an export covers: CLOCK_MONOTONIC and the wall clock at its
 /// start, and its length.

@@ -15,9 +15,9 @@ use otel_thread_ctx_otlp::profiles::{
 };
 use otel_thread_ctx_otlp::{AnyValue, Message, Resource};
 
-use super::kernel::Kind;
-use super::model::Profile;
-use super::symbolize::Frame;
+use otel_thread_ctx_profiler::kernel::Kind;
+use otel_thread_ctx_profiler::model::Profile;
+use otel_thread_ctx_profiler::symbolize::Frame;
 
 #[derive(Default)]
 struct Dictionary {
@@ -343,7 +343,7 @@ mod tests {
 
     #[test]
     fn samples_link_to_their_span_and_tables_start_with_zero_values() {
-        let p = crate::profile::model::tests::profile();
+        let p = otel_thread_ctx_profiler::model::fixtures::profile();
         let resource = Resource {
             attributes: vec![KeyValue::new("service.name", AnyValue::string("svc"))],
             dropped_attributes_count: 0,

@@ -17,7 +17,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::{Object, ObjectSection, ObjectSegment};
 
-use super::kernel::{Kind, Sample, StackCopy};
+use crate::kernel::{Kind, Sample, StackCopy};
 use otel_thread_ctx_reader::elf::MappedFile;
 use otel_thread_ctx_reader::maps::{self, Mapping};
 

@@ -17,9 +17,9 @@ use object::elf;
 use object::read::elf::{ElfFile64, ProgramHeader, Sym};
 use object::Endianness;
 
-use crate::profile::kernel::{ItemRead, RecordRead, RunningItemPlan, Sample};
-use crate::profile::model::lookup_address;
-use crate::profile::symbolize::Names;
+use crate::kernel::{ItemRead, RecordRead, RunningItemPlan, Sample};
+use crate::model::lookup_address;
+use crate::symbolize::Names;
 use otel_thread_ctx_reader::elf::MappedFile;
 use otel_thread_ctx_reader::maps::Mapping;
 
@@ -653,9 +653,9 @@ pub fn find(pid: i32, maps: &[Mapping]) -> Result<Probes, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::kernel::Kind;
-    use crate::profile::model::tests::{names, record, sample};
-    use crate::profile::symbolize::Frame;
+    use crate::kernel::Kind;
+    use crate::model::fixtures::{names, record, sample};
+    use crate::symbolize::Frame;
 
     fn stack(names: &[&'static str]) -> Vec<Option<&'static str>> {
         names.iter().map(|n| Some(*n)).collect()

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use super::kernel::{Kind, Sample};
-use super::symbolize::{Frame, Names};
+use crate::kernel::{Kind, Sample};
+use crate::symbolize::{Frame, Names};
 use opentelemetry::trace::{SpanId, TraceId};
 
 use otel_thread_ctx_abi::attrs;
@@ -299,10 +299,12 @@ pub fn build(
     profile
 }
 
-#[cfg(test)]
-pub mod tests {
+/// Samples, names and a profile built from them, for the unit tests of
+/// this crate and of the crates that turn a profile into an output.
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures {
     use super::*;
-    use crate::profile::kernel::RecordRead;
+    use crate::kernel::RecordRead;
     use otel_thread_ctx_reader::record::Header;
 
     pub fn record(span: u8, attrs: &[u8]) -> RecordRead {
@@ -430,6 +432,13 @@ pub mod tests {
             &HashMap::from([(1, "main".to_string())]),
         )
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::*;
+    use super::*;
+    use crate::kernel::RecordRead;
 
     #[test]
     fn merges_identical_samples_and_names_everything() {

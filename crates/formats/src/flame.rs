@@ -9,8 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use super::kernel::Kind;
-use super::model::{Entry, Profile, Span, State};
+use otel_thread_ctx_profiler::kernel::Kind;
+use otel_thread_ctx_profiler::model::{Entry, Profile, Span, State};
 
 /// The first level of the whole-run flame graph.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -235,7 +235,7 @@ mod tests {
 
     #[test]
     fn the_whole_run_is_rooted_at_the_endpoint_by_default() {
-        let p = crate::profile::model::tests::profile();
+        let p = otel_thread_ctx_profiler::model::fixtures::profile();
         let lines = folded(&p, GroupBy::default());
         assert!(
             lines.contains(&"/a;[on-cpu];main;caller;leaf;schedule_[k] 20000".to_string()),
@@ -257,8 +257,8 @@ mod tests {
 
     #[test]
     fn pool_thread_work_is_marked_under_its_span() {
-        use crate::profile::kernel::Kind;
-        use crate::profile::model::tests::{names, record, sample};
+        use otel_thread_ctx_profiler::kernel::Kind;
+        use otel_thread_ctx_profiler::model::fixtures::{names, record, sample};
         let mut pooled = sample(Kind::OnCpu, 5, record(7, &[0, 2, b'/', b'a']), &[0x10], 0);
         pooled.threadpool = true;
         let base = Profile {
@@ -266,7 +266,7 @@ mod tests {
             period_ns: 10_000_000,
             ..Default::default()
         };
-        let p = crate::profile::model::build(
+        let p = otel_thread_ctx_profiler::model::build(
             base,
             &[pooled],
             &names(),
@@ -291,7 +291,7 @@ mod tests {
 
     #[test]
     fn other_groupings_name_the_span_the_thread_or_nothing() {
-        let p = crate::profile::model::tests::profile();
+        let p = otel_thread_ctx_profiler::model::fixtures::profile();
         let by_span = folded(&p, GroupBy::Span);
         assert!(
             by_span.iter().any(|l| l.starts_with("sort;[on-cpu];main")),
@@ -314,7 +314,7 @@ mod tests {
 
     #[test]
     fn one_graph_per_trace_titled_with_its_root_span_and_endpoint() {
-        let p = crate::profile::model::tests::profile();
+        let p = otel_thread_ctx_profiler::model::fixtures::profile();
         let traces = per_trace(&p, 10);
         assert_eq!(traces.len(), 1);
         assert_eq!(

@@ -283,14 +283,14 @@ mod tests {
     use otel_thread_ctx_otlp::{AnyValue, KeyValue, Resource};
 
     fn good() -> ProfilesData {
-        let mut p = crate::profile::model::tests::profile();
+        let mut p = otel_thread_ctx_profiler::model::fixtures::profile();
         // The samples' times (1 µs) lie within the profile.
         p.duration_ns = 1_000_000;
         let resource = Resource {
             attributes: vec![KeyValue::new("service.name", AnyValue::string("svc"))],
             dropped_attributes_count: 0,
         };
-        crate::profile::otlp::data(crate::profile::otlp::request(&p, resource))
+        crate::otlp::data(crate::otlp::request(&p, resource))
     }
 
     fn first_sample(d: &mut ProfilesData) -> &mut Sample {

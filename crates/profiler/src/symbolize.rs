@@ -13,7 +13,7 @@ use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use blazesym::MaybeDefault;
 
-use super::perf_map;
+use crate::perf_map;
 use otel_thread_ctx_reader::maps::{self, Mapping};
 
 /// A stack frame's name and the module it is in.

@@ -5,9 +5,9 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
-use super::flame::{endpoint_label, span_name_label};
-use super::kernel::Kind;
-use super::model::{Entry, Profile};
+use crate::flame::{endpoint_label, span_name_label};
+use otel_thread_ctx_profiler::kernel::Kind;
+use otel_thread_ctx_profiler::model::{Entry, Profile};
 
 /// Rows per table.
 pub const ROWS: usize = 15;
@@ -145,7 +145,7 @@ mod tests {
 
     #[test]
     fn tables_by_endpoint_span_name_and_function() {
-        let p = crate::profile::model::tests::profile();
+        let p = otel_thread_ctx_profiler::model::fixtures::profile();
         let text = tables(&p);
         let line = |prefix: &str| {
             text.lines()

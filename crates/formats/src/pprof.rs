@@ -14,10 +14,10 @@ use std::io::Write;
 use flate2::write::GzEncoder;
 use prost::Message;
 
-use super::kernel::Kind;
-use super::model::Profile;
-use super::symbolize::Frame;
 use otel_thread_ctx_abi::attrs;
+use otel_thread_ctx_profiler::kernel::Kind;
+use otel_thread_ctx_profiler::model::Profile;
+use otel_thread_ctx_profiler::symbolize::Frame;
 
 mod proto {
     //! The profile.proto messages, field numbers as in google/pprof.
@@ -250,7 +250,7 @@ mod tests {
 
     #[test]
     fn round_trips_with_labels_and_sample_types() {
-        let p = crate::profile::model::tests::profile();
+        let p = otel_thread_ctx_profiler::model::fixtures::profile();
         let gz = write(&p, &["no perf map".into()]);
         let mut raw = Vec::new();
         flate2::read::GzDecoder::new(&gz[..])
@@ -307,7 +307,7 @@ mod tests {
 
     #[test]
     fn pool_thread_samples_carry_the_thread_pool_label() {
-        let mut p = crate::profile::model::tests::profile();
+        let mut p = otel_thread_ctx_profiler::model::fixtures::profile();
         p.entries[0].threadpool = true;
         let mut raw = Vec::new();
         flate2::read::GzDecoder::new(&write(&p, &[])[..])

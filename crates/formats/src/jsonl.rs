@@ -2,9 +2,9 @@
 
 use serde_json::{json, Map, Value};
 
-use super::kernel::{Kind, RecordRead, Sample};
-use super::model::named_attributes;
-use super::symbolize::Names;
+use otel_thread_ctx_profiler::kernel::{Kind, RecordRead, Sample};
+use otel_thread_ctx_profiler::model::named_attributes;
+use otel_thread_ctx_profiler::symbolize::Names;
 
 /// The system call a kernel stack is in, from its `__x64_sys_<name>` frame,
 /// or its `ksys_<name>` frame: `read`, `write`, `pread64` and others enter
@@ -70,7 +70,7 @@ pub fn line(s: &Sample, key_map: &[String], names: &Names) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::model::tests::{record, sample};
+    use otel_thread_ctx_profiler::model::fixtures::{record, sample};
 
     #[test]
     fn lines_carry_time_span_and_named_attributes() {
@@ -95,7 +95,7 @@ mod tests {
         );
         let off = sample(Kind::OffCpu, 3, RecordRead::Null, &[], 42);
         let mut names = Names::default();
-        let frame = |name: &str| crate::profile::symbolize::Frame {
+        let frame = |name: &str| otel_thread_ctx_profiler::symbolize::Frame {
             name: name.into(),
             module: "[kernel]".into(),
         };
@@ -134,7 +134,7 @@ mod tests {
         ] {
             names.kernel.insert(
                 address,
-                crate::profile::symbolize::Frame {
+                otel_thread_ctx_profiler::symbolize::Frame {
                     name: name.into(),
                     module: "[kernel]".into(),
                 },

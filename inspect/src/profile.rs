@@ -1,42 +1,27 @@
 //! `profile`: trace-linked CPU and off-CPU profiles sampled in the kernel.
 //!
-//! A BPF program takes the samples (a perf event per CPU; sched_switch for
-//! off-CPU time) and reads the sampled thread's OTEP 4947 record at that
-//! instant, found the way [`otel_thread_ctx_reader::tls`] resolved it for the process. This
-//! side decodes the samples, names the frames, and writes pprof, OTLP,
-//! folded stacks or flame graphs.
+//! The profiler samples the process for the run's duration (the BPF
+//! program reads the sampled thread's OTEP 4947 record at that instant,
+//! found the way the reader resolved it for the process); this command
+//! then has the profile written in the format asked for.
 
-// Without the BPF program only the output side is built (and unit-tested).
-#![cfg_attr(not(profile_bpf), allow(dead_code, unused_imports))]
-
-pub mod conformance;
-pub mod flame;
-pub mod jsonl;
-pub mod kernel;
-pub mod model;
-pub mod otlp;
-pub mod perf_map;
-pub mod pprof;
-pub mod symbolize;
-pub mod threadpool;
-pub mod top;
-pub mod unwind;
-
-#[cfg(profile_bpf)]
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-#[cfg(profile_bpf)]
-use std::time::Instant;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use otel_thread_ctx_formats::{check_writable, flame, jsonl, otlp, pprof, top};
 use otel_thread_ctx_otlp::{AnyValue, KeyValue, Resource};
-
-use crate::error::Fatal;
-use otel_thread_ctx_reader::process_context::{self, Lookup};
+use otel_thread_ctx_profiler::loader::{self, AttachError};
+use otel_thread_ctx_profiler::plan::{self, current_process_context, target_plan};
+use otel_thread_ctx_profiler::system::{own_cpu_ns, unix_now_ns};
+use otel_thread_ctx_profiler::SamplerError;
+use otel_thread_ctx_profiler::{kernel, model, perf_map, symbolize, threadpool, unwind};
 use otel_thread_ctx_reader::schema::Schema;
 use otel_thread_ctx_reader::target::Target;
 use otel_thread_ctx_reader::tasks;
 use otel_thread_ctx_reader::thread;
+
+use crate::error::Fatal;
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -109,63 +94,11 @@ pub struct Report {
     pub stdout: Option<String>,
 }
 
-/// `CAP_SYS_ADMIN`, `CAP_PERFMON`, `CAP_BPF`.
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
-
-/// Whether this process may load tracing BPF programs and open system-wide
-/// perf events: root's capabilities, or CAP_BPF with CAP_PERFMON.
-pub(crate) fn privileged() -> bool {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    let Some(caps) = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-    else {
-        return false;
-    };
-    let has = |bit: u32| caps & (1 << bit) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
-}
-
-pub(crate) fn unix_now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
-/// The process context's Resource (as published) and key map, if any.
-fn process_context(
-    maps: &[otel_thread_ctx_reader::maps::Mapping],
-    memory: &dyn otel_thread_ctx_reader::memory::Memory,
-) -> (Option<Resource>, Vec<String>) {
-    match process_context::lookup(maps, memory) {
-        Lookup::Found(d) => (d.resource, d.attribute_key_map.unwrap_or_default()),
-        _ => (None, Vec::new()),
-    }
-}
-
-/// Re-reads the process context of a live process; `None` when it is gone
-/// or publishes none.
-pub(crate) fn current_process_context(pid: i32) -> Option<(Option<Resource>, Vec<String>)> {
-    let maps = otel_thread_ctx_reader::maps::read(pid).ok()?;
-    let (_, memory) = otel_thread_ctx_reader::target::open_memory(pid).ok()?;
-    let found = process_context(&maps, &memory);
-    (found.0.is_some() || !found.1.is_empty()).then_some(found)
-}
-
 /// Why a profile could not be taken or written.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
-    #[error("this build has no kernel sampler: {0}. To get profile, install clang and libbpf's headers (Debian: apt-get install clang libbpf-dev), then rebuild (npm install, or cargo build --release)")]
-    NoSampler(&'static str),
-    #[error("profile loads BPF programs and opens a perf event on every CPU: run it as root, or with CAP_BPF and CAP_PERFMON (e.g. setcap cap_bpf,cap_perfmon+ep on the binary)")]
-    Unprivileged,
     #[error(transparent)]
-    Attach(#[from] kernel::AttachError),
+    Sampler(#[from] SamplerError),
     #[error("cannot write {what} {}: {source}; nothing was sampled", .path.display())]
     Output {
         /// What the path is for: the profile, or one of its per-trace files.
@@ -186,15 +119,16 @@ pub enum ProfileError {
     Render(#[from] flame::RenderError),
 }
 
+impl From<AttachError> for ProfileError {
+    fn from(e: AttachError) -> Self {
+        ProfileError::Sampler(e.into())
+    }
+}
+
 /// Runs the profile and writes its output.
 pub fn run(opts: &Options) -> Result<Report, Fatal> {
     check_outputs(opts)?;
-    if let Some(reason) = kernel::unavailable() {
-        return Err(ProfileError::NoSampler(reason).into());
-    }
-    if !privileged() {
-        return Err(ProfileError::Unprivileged.into());
-    }
+    otel_thread_ctx_profiler::check().map_err(ProfileError::from)?;
     let target = Target::open(opts.pid)?;
     if let Some(note) = no_context_note(opts.pid, &target) {
         // Now rather than in the summary: the run takes its whole duration.
@@ -259,20 +193,6 @@ fn check_outputs(opts: &Options) -> Result<(), ProfileError> {
     Ok(())
 }
 
-/// Whether `path` can be written, leaving the file system as it was: a file
-/// it creates to find out is removed, an existing file is opened without
-/// being truncated.
-pub(crate) fn check_writable(path: &Path) -> std::io::Result<()> {
-    use std::fs::OpenOptions;
-    match OpenOptions::new().write(true).create_new(true).open(path) {
-        Ok(_) => std::fs::remove_file(path),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            OpenOptions::new().write(true).open(path).map(drop)
-        }
-        Err(e) => Err(e),
-    }
-}
-
 /// What a profile of a process that publishes no thread context means,
 /// said before it starts; `None` when a module defines a schema's variable
 /// (whether or not it can be read: the summary says which).
@@ -316,86 +236,6 @@ fn read_pool_at_sample_time(
     false
 }
 
-/// How a pool thread's running request is read at sample time in process
-/// `pid`, when it can be: the process publishes the Node.js schema, and its
-/// module shows what [`threadpool::running_item_plan`] needs.
-pub fn pool_at_sample_time(
-    pid: i32,
-    maps: &[otel_thread_ctx_reader::maps::Mapping],
-    memory: &dyn otel_thread_ctx_reader::memory::Memory,
-) -> Option<kernel::RunningItemPlan> {
-    if !otel_thread_ctx_reader::process_context::lookup(maps, memory).publishes_nodejs_schema() {
-        return None;
-    }
-    let probes = threadpool::find(pid, maps).ok()?;
-    threadpool::running_item_plan(&probes, maps)
-}
-
-/// How the BPF program reads `pid`'s thread context, and what the summary
-/// says about it: the record schema's first module, and every module that
-/// defines the Node.js schema's variable (the program tries each in turn).
-pub fn target_plan(pid: i32, target: &Target) -> (kernel::TargetPlan, Vec<String>) {
-    let mut lines = Vec::new();
-    let modules = target
-        .module
-        .iter()
-        .zip(target.resolution.iter())
-        .map(|(m, r)| (Schema::Record, m, r))
-        .chain(target.nodejs.iter().map(|(m, r)| (Schema::Nodejs, m, r)));
-    let mut record_plan = None;
-    let mut nodejs_plans = Vec::new();
-    for (schema, module, resolution) in modules {
-        match resolution {
-            Ok(r) => {
-                lines.push(format!(
-                    "thread context: {} {} ({})",
-                    schema.symbol(),
-                    r.path,
-                    module.path
-                ));
-                match schema {
-                    Schema::Record => record_plan = Some(r.plan),
-                    Schema::Nodejs => nodejs_plans.push(r.plan),
-                }
-            }
-            Err(e) => lines.push(format!(
-                "thread context: {} unreadable in {} ({e})",
-                schema.symbol(),
-                module.path
-            )),
-        }
-    }
-    if record_plan.is_none() && nodejs_plans.is_empty() {
-        lines.push(if target.module.is_none() && target.nodejs.is_empty() {
-            "thread context: no module defines otel_thread_ctx_v1 or otel_thread_ctx_nodejs_v1; samples carry no span".into()
-        } else {
-            "thread context: unreadable; samples carry no span".into()
-        });
-    }
-    let layout =
-        otel_thread_ctx_reader::process_context::lookup(&target.maps, &target.memory).v8_layout();
-    let plan = kernel::TargetPlan::new(
-        pid as u32,
-        record_plan.as_ref(),
-        &nodejs_plans,
-        layout,
-        otel_thread_ctx_reader::tls::HOST.dtv_pointer_offset,
-    );
-    (plan, lines)
-}
-
-#[cfg(not(profile_bpf))]
-fn sample(
-    _: &Options,
-    _: Target,
-    _: kernel::TargetPlan,
-    _: Option<threadpool::Probes>,
-    _: Vec<String>,
-) -> Result<Report, Fatal> {
-    unreachable!("kernel::unavailable() is Some without the BPF program")
-}
-
-#[cfg(profile_bpf)]
 fn sample(
     opts: &Options,
     target: Target,
@@ -405,7 +245,7 @@ fn sample(
 ) -> Result<Report, Fatal> {
     let pid = opts.pid;
     let mut loaded =
-        kernel::Loaded::attach(opts.hz, opts.off_cpu.is_some(), 1).map_err(ProfileError::from)?;
+        loader::Loaded::attach(opts.hz, opts.off_cpu.is_some(), 1).map_err(ProfileError::from)?;
     // A threadpool probe that cannot be attached does not stop the profile.
     let pool = pool.and_then(|p| match loaded.attach_threadpool(plan.tgid, &p) {
         Ok(()) => Some(p),
@@ -437,7 +277,7 @@ fn sample(
     let mut thread_names: HashMap<u32, String> = HashMap::new();
     let mut names_refreshed = Instant::now() - Duration::from_secs(1);
     let mut target_exited = false;
-    let mut context = process_context(&target.maps, &target.memory);
+    let mut context = plan::process_context(&target.maps, &target.memory);
     let mut take = |mut s: kernel::Sample, collector: &mut symbolize::Collector| {
         stacks.take(&mut s);
         for (i, &a) in s.user_stack.iter().enumerate() {
@@ -623,19 +463,6 @@ fn sample(
         lines.push(format!("ended by signal {sig}"));
     }
     Ok(Report { lines, stdout })
-}
-
-/// CPU time this process used so far (user and system), in nanoseconds.
-#[cfg(profile_bpf)]
-pub(crate) fn own_cpu_ns() -> u64 {
-    // SAFETY: getrusage writes into the zeroed struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
-    ns(usage.ru_utime) + ns(usage.ru_stime)
 }
 
 /// The summary's account of user stacks that do not reach their thread's
