@@ -3,15 +3,14 @@
 
 use otel_thread_ctx_reader::target::TargetError;
 
-/// A usage, permission or environment failure of `profile` or `agent`: the
-/// command exits with status 2. (`inspect` and `sample` end on the reader's
-/// own [`otel_thread_ctx_reader::Error`].)
+/// A usage, permission or environment failure of `profile`: the command
+/// exits with status 2. (`inspect` and `sample` end on the reader's
+/// [`otel_thread_ctx_reader::Error`], `agent` on the agent's
+/// [`otel_thread_ctx_agent::AgentError`].)
 #[derive(Debug, thiserror::Error)]
 pub enum Fatal {
     #[error(transparent)]
     Target(#[from] TargetError),
     #[error(transparent)]
     Profile(#[from] crate::profile::ProfileError),
-    #[error(transparent)]
-    Agent(#[from] crate::agent::AgentError),
 }

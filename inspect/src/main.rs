@@ -6,7 +6,6 @@
 //! 2 = usage or permission error (including a nonexistent pid),
 //! 128 + N = stopped early by signal N (every thread already released).
 
-mod agent;
 mod error;
 mod output;
 mod profile;
@@ -16,6 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use otel_thread_ctx_agent as agent;
 use otel_thread_ctx_reader::{conformance, sampler, signals};
 
 #[derive(Parser)]

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use otel_thread_ctx_otlp::Resource;
 
-use super::processes::Found;
+use crate::processes::Found;
 use otel_thread_ctx_profiler::kernel::{ItemRead, Sample};
 use otel_thread_ctx_profiler::plan::current_process_context;
 use otel_thread_ctx_profiler::symbolize::Collector;

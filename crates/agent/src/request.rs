@@ -7,8 +7,8 @@
 use blazesym::symbolize::Symbolizer;
 use otel_thread_ctx_otlp::profiles::ExportProfilesServiceRequest;
 
-use super::profiled::Interval;
-use super::resource::{self, Process};
+use crate::profiled::Interval;
+use crate::resource::{self, Process};
 use otel_thread_ctx_formats::otlp::RequestBuilder;
 use otel_thread_ctx_profiler::model;
 

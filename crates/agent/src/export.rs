@@ -19,7 +19,7 @@ use otel_thread_ctx_otlp::profiles::{ExportProfilesServiceRequest, ExportProfile
 use otel_thread_ctx_otlp::Message;
 use tonic::transport::Channel;
 
-use super::queue::Queue;
+use crate::queue::Queue;
 
 /// How exports reach the receiver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

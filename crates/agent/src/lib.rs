@@ -1,4 +1,4 @@
-//! `agent`: continuous, host-wide profiling. One BPF program samples every
+//! Continuous, host-wide profiling (the `agent` command). One BPF program samples every
 //! process that publishes a thread context (or the ones named), found and
 //! dropped by a scan of /proc as they start and exit; every interval, one
 //! OTLP export holds one ResourceProfiles per process, written to files
@@ -23,7 +23,6 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::error::Fatal;
 use otel_thread_ctx_profiler::loader;
 use otel_thread_ctx_profiler::SamplerError;
 
@@ -65,10 +64,10 @@ pub enum AgentError {
 
 /// Runs until SIGINT/SIGTERM, then exports once more and returns the
 /// summary lines.
-pub fn run(opts: &Options) -> Result<Vec<String>, Fatal> {
-    otel_thread_ctx_profiler::check().map_err(AgentError::from)?;
+pub fn run(opts: &Options) -> Result<Vec<String>, AgentError> {
+    otel_thread_ctx_profiler::check()?;
     if opts.output_dir.is_none() && opts.endpoint.is_none() {
-        return Err(AgentError::NoDestination.into());
+        return Err(AgentError::NoDestination);
     }
     let files = match &opts.output_dir {
         Some(dir) => Some(
@@ -100,7 +99,7 @@ fn sample(
     opts: &Options,
     mut files: Option<files::Files>,
     exporter: Option<export::Exporter>,
-) -> Result<Vec<String>, Fatal> {
+) -> Result<Vec<String>, AgentError> {
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;

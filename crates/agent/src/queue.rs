@@ -77,6 +77,10 @@ impl<T> Queue<T> {
     pub fn len(&self) -> usize {
         self.lock().items.len()
     }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().items.is_empty()
+    }
 }
 
 #[cfg(test)]
