@@ -21,7 +21,8 @@ const ABI_HEADER: &str = "otel_thread_ctx_abi.h";
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(profile_bpf)");
-    println!("cargo:rerun-if-changed={SOURCE}");
+    // The program is split into headers beside its source.
+    println!("cargo:rerun-if-changed=bpf");
     println!("cargo:rerun-if-env-changed=CLANG");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     std::fs::write(out_dir.join(ABI_HEADER), abi_header()).expect("cannot write the ABI header");

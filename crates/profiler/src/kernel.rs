@@ -16,7 +16,7 @@ use otel_thread_ctx_reader::tls::Plan;
 /// Frames per stack the program copies (its `MAX_FRAMES`).
 pub const MAX_FRAMES: usize = 127;
 
-/// Offsets of `struct sample` in profile.bpf.c.
+/// Offsets of `struct sample` in bpf/maps.h.
 mod layout {
     pub const KIND: usize = 0;
     pub const TID: usize = 4;
@@ -42,7 +42,7 @@ mod layout {
 /// `USER_STACK_COPY_BYTES`).
 pub const USER_STACK_COPY_BYTES: usize = 64 * 1024;
 
-/// Offsets of `struct user_stack_copy` in profile.bpf.c.
+/// Offsets of `struct user_stack_copy` in bpf/stack.h.
 mod copy_layout {
     pub const KIND: usize = 0;
     pub const TID: usize = 4;
@@ -54,16 +54,16 @@ mod copy_layout {
     pub const STACK: usize = 48;
 }
 
-/// Size of `struct isolate_blocks` in profile.bpf.c: a process's Node.js
+/// Size of `struct isolate_blocks` in bpf/nodejs_schema.h: a process's Node.js
 /// blocks (`MAX_ISOLATES`), where each is, and a cursor.
 pub(crate) const ISOLATES_SIZE: usize = 8 * otel_thread_ctx_abi::node_schema::SIZE + 8 * 8 + 8;
 
-/// Size of `struct pending_items` in profile.bpf.c: a process's items
+/// Size of `struct pending_items` in bpf/threadpool.h: a process's items
 /// waiting to be read again (`PENDING_ITEMS`), four words and a byte each,
 /// and a cursor.
 pub(crate) const PENDING_ITEMS_SIZE: usize = 4 * 8 * 8 + 8 + 8;
 
-/// Offsets of `struct item_read` in profile.bpf.c.
+/// Offsets of `struct item_read` in bpf/threadpool.h.
 mod item_read_layout {
     pub const KIND: usize = 0;
     pub const TGID: usize = 4;

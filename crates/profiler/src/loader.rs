@@ -1,4 +1,4 @@
-//! Loads the BPF program (built from `bpf/profile.bpf.c` by build.rs when
+//! Loads the BPF program (built from `bpf/` by build.rs when
 //! clang was there), attaches it to the perf events, sched_switch and the
 //! threadpool probes, and hands over what its ring buffer sends.
 
