@@ -6,7 +6,6 @@
 //! 2 = usage or permission error (including a nonexistent pid),
 //! 128 + N = stopped early by signal N (every thread already released).
 
-mod error;
 mod output;
 mod profile;
 

@@ -17,11 +17,9 @@ use otel_thread_ctx_profiler::system::{own_cpu_ns, unix_now_ns};
 use otel_thread_ctx_profiler::SamplerError;
 use otel_thread_ctx_profiler::{kernel, model, perf_map, symbolize, threadpool, unwind};
 use otel_thread_ctx_reader::schema::Schema;
-use otel_thread_ctx_reader::target::Target;
+use otel_thread_ctx_reader::target::{Target, TargetError};
 use otel_thread_ctx_reader::tasks;
 use otel_thread_ctx_reader::thread;
-
-use crate::error::Fatal;
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -98,6 +96,8 @@ pub struct Report {
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
     #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(transparent)]
     Sampler(#[from] SamplerError),
     #[error("cannot write {what} {}: {source}; nothing was sampled", .path.display())]
     Output {
@@ -126,9 +126,9 @@ impl From<AttachError> for ProfileError {
 }
 
 /// Runs the profile and writes its output.
-pub fn run(opts: &Options) -> Result<Report, Fatal> {
+pub fn run(opts: &Options) -> Result<Report, ProfileError> {
     check_outputs(opts)?;
-    otel_thread_ctx_profiler::check().map_err(ProfileError::from)?;
+    otel_thread_ctx_profiler::check()?;
     let target = Target::open(opts.pid)?;
     if let Some(note) = no_context_note(opts.pid, &target) {
         // Now rather than in the summary: the run takes its whole duration.
@@ -242,10 +242,9 @@ fn sample(
     plan: kernel::TargetPlan,
     pool: Option<threadpool::Probes>,
     mut lines: Vec<String>,
-) -> Result<Report, Fatal> {
+) -> Result<Report, ProfileError> {
     let pid = opts.pid;
-    let mut loaded =
-        loader::Loaded::attach(opts.hz, opts.off_cpu.is_some(), 1).map_err(ProfileError::from)?;
+    let mut loaded = loader::Loaded::attach(opts.hz, opts.off_cpu.is_some(), 1)?;
     // A threadpool probe that cannot be attached does not stop the profile.
     let pool = pool.and_then(|p| match loaded.attach_threadpool(plan.tgid, &p) {
         Ok(()) => Some(p),
@@ -270,7 +269,7 @@ fn sample(
     let start_monotonic_ns = thread::monotonic_ns();
     let start_unix_ns = unix_now_ns();
     let started = Instant::now();
-    loaded.add_target(&plan).map_err(ProfileError::from)?;
+    loaded.add_target(&plan)?;
     let mut collector = symbolize::Collector::new(pid, target.maps.clone());
     let mut stacks = unwind::Stacks::new(pid, target.maps.clone());
     let mut samples = Vec::new();
