@@ -20,10 +20,14 @@
 // BTF when loaded): users need neither. The build fails rather than ship a
 // reader without it.
 //
-// Reproducible: the checkout, cargo's home and the target directory are
-// remapped out of the debug info and panic messages, and npm packs with
-// fixed timestamps, so the same sources and toolchain give the same bytes
-// wherever they are built. `--check-reproducible` builds a second time in
+// Reproducible: the same sources and toolchain give the same bytes. The
+// checkout, cargo's home and the target directory are remapped out of the
+// Rust and C debug info and panic messages, and npm packs with fixed
+// timestamps. Two absolute paths remain, so a byte-identical rebuild needs
+// the same checkout path and cache directory: zig's cache, in the debug info
+// of the runtime pieces zig compiles there (libunwind, the C start files),
+// and the checkout, in the debug info of the BPF program (compiled by the
+// reader's build script). `--check-reproducible` builds a second time in
 // another target directory and compares every output.
 //
 // Usage: node scripts/release.js [--out DIR] [--check-reproducible]
