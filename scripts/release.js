@@ -180,8 +180,17 @@ function main() {
   console.error(`release: building the addon and the reader for ${RUST_TARGET} (glibc ${GLIBC}) in ${targetDir}`);
   const binaries = buildBinaries(targetDir);
   const buildSeconds = (Date.now() - started) / 1000;
+  const check = args.includes('--check-reproducible');
+  let again = null;
+  if (check) {
+    console.error('release: building again in another target directory to compare');
+    again = buildBinaries(`${targetDir}-again`);
+  }
+  // Both sets are packed only now, one after the other, from the same checkout.
   fs.rmSync(outDir, { recursive: true, force: true });
   const tarballs = packAll(binaries, outDir);
+  const scratch = check ? fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-release-again-')) : null;
+  const repacked = check ? packAll(again, scratch) : null;
 
   const report = {
     version: require('../package.json').version,
@@ -200,18 +209,14 @@ function main() {
   for (const t of Object.values(report.tarballs)) console.log(`  ${t.file}: ${mib(t.size)} packed, ${mib(t.unpackedSize)} unpacked`);
   for (const [name, b] of Object.entries(report.binaries)) console.log(`  ${name}: ${mib(b.size)}, needs GLIBC_${b.glibc} at most`);
 
-  if (args.includes('--check-reproducible')) {
-    console.error('release: building again in another target directory to compare');
-    const again = buildBinaries(`${targetDir}-again`);
-    const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-thread-ctx-release-again-'));
-    const repacked = packAll(again, scratch);
+  if (check) {
     const pairs = [
       ['addon', binaries.addon, again.addon], ['reader', binaries.reader, again.reader],
       ['main tarball', tarballs.main.file, repacked.main.file], ['platform tarball', tarballs.platform.file, repacked.platform.file],
     ];
     const differing = pairs.filter(([, a, b]) => sha256(a) !== sha256(b)).map(([name]) => name);
     fs.rmSync(scratch, { recursive: true, force: true });
-    if (differing.length > 0) throw new Error(`not reproducible: the second build's ${differing.join(', ')} differ`);
+    if (differing.length > 0) throw new Error(`not reproducible: these differ between the two builds: ${differing.join(', ')}`);
     console.log('release: reproducible (the second build gave byte-identical binaries and tarballs)');
   }
 }
