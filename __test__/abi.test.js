@@ -156,7 +156,7 @@ test('the reader decodes, at the exported offsets, what the package wrote', (t) 
   });
 });
 
-/** The newest header inspect/build.rs generated in the build tree, or null. */
+/** The newest header crates/profiler/build.rs generated in the build tree, or null. */
 function generatedBpfHeader() {
   const target = process.env.CARGO_TARGET_DIR ?? path.join(ROOT, 'target');
   const candidates = [];
@@ -169,7 +169,7 @@ function generatedBpfHeader() {
     }
     for (const name of names) {
       const full = path.join(dir, name);
-      if (name.startsWith('otel-thread-ctx-inspect-') && path.basename(dir) === 'build') {
+      if (name.startsWith('otel-thread-ctx-profiler-') && path.basename(dir) === 'build') {
         const file = path.join(full, 'out', 'otel_thread_ctx_abi.h');
         if (fs.existsSync(file)) candidates.push({ file, mtime: fs.statSync(file).mtimeMs });
       } else if (depth > 0 && !name.startsWith('.')) {
@@ -184,7 +184,7 @@ function generatedBpfHeader() {
 }
 
 test("the eBPF program's generated header has the exported layout", (t) => {
-  const source = fs.readFileSync(path.join(ROOT, 'inspect/bpf/profile.bpf.c'), 'utf8');
+  const source = fs.readFileSync(path.join(ROOT, 'crates/profiler/bpf/profile.bpf.c'), 'utf8');
   assert.match(source, /#include "otel_thread_ctx_abi\.h"/);
   const file = generatedBpfHeader();
   if (file === null) return t.skip('no reader build tree with the generated header');

@@ -20,7 +20,7 @@ const docsFiles = fs.readdirSync(DOCS).filter((f) => f.endsWith('.md')).sort().m
 /** Documents whose JavaScript runs. */
 const RUN_JS = ['README.md', ...docsFiles];
 /** Documents whose reader commands are checked (the reader's reference too). */
-const CHECK_CLI = [...RUN_JS, 'inspect/README.md', 'demo/README.md'];
+const CHECK_CLI = [...RUN_JS, 'crates/cli/README.md', 'demo/README.md'];
 /** Documents whose links are checked. */
 const CHECK_LINKS = [...CHECK_CLI, 'BENCHMARKS.md'];
 

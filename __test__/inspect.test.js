@@ -1,5 +1,5 @@
 'use strict';
-// The reader CLI (inspect/, binary otel-thread-ctx) against real Node
+// The reader CLI (crates/cli/, binary otel-thread-ctx) against real Node
 // processes, run with the Node binary running this suite: a main thread and
 // two workers parked inside their own spans, the same threads once their
 // spans ended and their loops idle, a process without the addon, a pid that

@@ -27,6 +27,7 @@ const os = require('node:os');
 const path = require('node:path');
 const { spawn, spawnSync, execFileSync } = require('node:child_process');
 const { jsonLines, scratchDir } = require('./helpers');
+const { packPlatformPackage } = require('../scripts/release');
 
 const ROOT = path.resolve(__dirname, '..');
 const SCRATCH = path.join(os.tmpdir(), 'otel-thread-ctx-package-test');
@@ -151,7 +152,10 @@ test.before(() => {
   work = scratchDir('otel-thread-ctx-package-');
   const [packed] = JSON.parse(execFileSync('npm', ['pack', '--json', '--pack-destination', work], { cwd: ROOT, env: userEnv(), encoding: 'utf8' }));
   tarball = path.join(work, packed.filename);
-  platformTarball = execFileSync(process.execPath, [path.join(ROOT, 'scripts', 'platform-package.js'), '--pack', work], { cwd: ROOT, env: userEnv(), encoding: 'utf8' }).trim();
+  // The checkout's own binaries as a platform package (the release build's
+  // are release.test.js's).
+  const native = require('../js/native');
+  platformTarball = packPlatformPackage({ addon: native.addonPath(), reader: native.readerPath(), outDir: work }).file;
 });
 
 test.after(() => fs.rmSync(work, { recursive: true, force: true }));

@@ -72,19 +72,28 @@ async function startService(addon, nodeFlags = []) {
   return { child, lines, pid, mode, namedPoolThreads: threadsNamed(pid, 'libuv-worker') };
 }
 
+/** The line profile writes once its samplers are attached and the target's samples flow. */
+const SAMPLING_BEGAN = /^otel-thread-ctx: sampling pid \d+ at \d+ Hz/m;
+
 function profile(pid, args) {
   const child = spawn(READER, ['profile', '--pid', String(pid), '--duration', '120', ...args], { cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
-  let stderr = '';
-  child.stderr.on('data', (d) => (stderr += d));
+  const run = { child, stderr: '', done: null };
+  child.stderr.on('data', (d) => (run.stderr += d));
   child.stdout.resume();
-  const done = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal, stderr })));
-  return { child, done };
+  run.done = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal, stderr: run.stderr })));
+  return run;
 }
 
-/** Gives the profiler time to attach (it reports only at the end); items
- * queued before it attached are simply not sampled. */
-async function attached(ms = 4000) {
-  await new Promise((r) => setTimeout(r, ms));
+/**
+ * Resolves once every profile of `runs` samples (items queued before are
+ * simply not sampled): attaching takes seconds, more on a loaded machine.
+ */
+async function attached(...runs) {
+  await until(
+    () => runs.every((r) => SAMPLING_BEGAN.test(r.stderr) || r.child.exitCode !== null),
+    () => `the profiles to begin sampling:\n${runs.map((r) => r.stderr).join('\n')}`,
+  );
+  for (const r of runs) assert.match(r.stderr, SAMPLING_BEGAN, `profile ended before sampling: ${r.stderr}`);
 }
 
 /** Polls `check` until it holds (or fails after 60 s with `explain()`). */
@@ -162,7 +171,7 @@ async function checkAttribution(t, { atSampleTime }) {
   const out = path.join(tmp, 'pool.jsonl');
   const extra = atSampleTime ? [] : ['--threadpool-probes'];
   const run = profile(service.pid, ['--hz', String(HZ), '--off-cpu', '--format', 'jsonl', ...extra, '-o', out]);
-  await attached();
+  await attached(run);
   service.child.stdin.write('go\n');
   const items = await itemsUntilDone(service.lines);
   run.child.kill('SIGINT');
@@ -297,7 +306,7 @@ test('pool samples of items that end inside a GC pause take the span read after 
   }
   const out = path.join(tmp, 'gc.jsonl');
   const run = profile(service.pid, ['--hz', String(HZ), '--format', 'jsonl', '-o', out]);
-  await attached();
+  await attached(run);
   service.child.stdin.write('go gc\n');
   const items = await itemsUntilDone(service.lines);
   run.child.kill('SIGINT');
@@ -329,7 +338,7 @@ test('pprof and folded outputs mark pool samples; --no-threadpool turns it off',
     profile(service.pid, ['--hz', String(HZ), '--format', 'folded', '--group-by', 'thread', '-o', folded]),
     profile(service.pid, ['--hz', String(HZ), '--format', 'jsonl', '--no-threadpool', '-o', off]),
   ];
-  await attached();
+  await attached(...runs);
   service.child.stdin.write('go pbkdf2\n');
   const flights = (await itemsUntilDone(service.lines)).filter((i) => i.kind === 'pbkdf2');
   const spans = new Set(flights.map((f) => f.spanId));
@@ -382,8 +391,8 @@ test('agent: pool samples carry the span of the request they run (frame mode)', 
   t.after(() => agent.kill('SIGKILL'));
   let log = '';
   agent.stderr.on('data', (d) => (log += d));
+  // Logged once the process is one of the program's targets: its samples flow from here.
   await until(() => /threadpool: pool threads' samples read the request they run/.test(log), () => `the agent's pool note:\n${log}`);
-  await attached(2000);
   service.child.stdin.write('go pbkdf2\n');
   const flights = (await itemsUntilDone(service.lines)).filter((i) => i.kind === 'pbkdf2');
   const spans = new Set(flights.map((f) => f.spanId));
@@ -425,7 +434,7 @@ test('a process that exits mid-item ends the profile cleanly', { skip: skip ?? f
   t.after(() => service.child.kill('SIGKILL'));
   const out = path.join(tmp, 'exit.jsonl');
   const run = profile(service.pid, ['--off-cpu', '--format', 'jsonl', '-o', out]);
-  await attached();
+  await attached(run);
   service.child.stdin.write('exit\n');
   await exited(service.child, 30000);
   const { code, stderr } = await run.done;

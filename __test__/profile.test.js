@@ -29,13 +29,23 @@ const tmp = scratchDir('otel-thread-ctx-profile-');
 let service = null;
 let ids = null;
 
+/** The line profile writes once its samplers are attached and the target's samples flow. */
+const SAMPLING_BEGAN = /^otel-thread-ctx: sampling pid \d+ at \d+ Hz for up to \d+ s; SIGINT \(Ctrl-C\) ends it early$/m;
+
 function profile(args, { signalAfterMs = null } = {}) {
   return new Promise((resolve) => {
     const child = spawn(READER, ['profile', '--pid', String(ids.pid), ...args], { cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
     let stderr = '';
-    child.stderr.on('data', (d) => (stderr += d));
+    let signalled = false;
+    child.stderr.on('data', (d) => {
+      stderr += d;
+      // Counted from the moment sampling began: attaching takes seconds on a loaded machine.
+      if (signalAfterMs !== null && !signalled && SAMPLING_BEGAN.test(stderr)) {
+        signalled = true;
+        setTimeout(() => child.kill('SIGINT'), signalAfterMs);
+      }
+    });
     child.stdout.resume();
-    if (signalAfterMs !== null) setTimeout(() => child.kill('SIGINT'), signalAfterMs);
     child.on('exit', (code, signal) => resolve({ code, signal, stderr }));
   });
 }
@@ -233,7 +243,55 @@ test('profile', { skip: skip ?? false }, async (t) => {
 test('profile without privileges or target says why', { skip: READER === null ? 'the reader is not built' : false }, () => {
   const r = spawnSync(READER, ['profile', '--pid', '2147483647', '--duration', '1'], { encoding: 'utf8' });
   assert.strictEqual(r.status, 2);
-  assert.match(r.stderr, /no kernel sampler|root, or with CAP_BPF and CAP_PERFMON|no such process/);
+  assert.match(r.stderr, /no kernel sampler|run as root, or grant CAP_BPF and CAP_PERFMON \(missing: CAP_[A-Z_, ]+\)|no such process/);
+});
+
+/**
+ * Why running the reader as another user with file capabilities cannot be
+ * tried here, or null: it takes root, setpriv and setcap.
+ */
+function capabilityTrialUnavailable() {
+  if (READER === null) return 'the reader is not built';
+  if (process.getuid() !== 0) return 'not root: cannot run the reader as another user';
+  for (const tool of ['setpriv', 'setcap']) {
+    const r = spawnSync(tool, ['--version'], { encoding: 'utf8' });
+    if (r.error) return `${tool} is not installed`;
+  }
+  return null;
+}
+
+test('without the capabilities they need, profile and agent say which are missing', { skip: capabilityTrialUnavailable() ?? false }, () => {
+  // A copy of the reader other users may run, given capabilities by file.
+  const dir = scratchDir('otel-thread-ctx-caps-');
+  // Writable by the user it runs as: what is refused must be the capabilities, not the output.
+  fs.chmodSync(dir, 0o777);
+  const binary = path.join(dir, 'otel-thread-ctx');
+  fs.copyFileSync(READER, binary);
+  fs.chmodSync(binary, 0o755);
+  const asNobody = (args) =>
+    spawnSync('setpriv', ['--reuid=nobody', '--regid=nogroup', '--clear-groups', binary, ...args], { encoding: 'utf8', cwd: dir });
+  const target = spawn('sleep', ['60'], { stdio: 'ignore' });
+  try {
+    // No capability at all: both commands name the two sampling needs, and neither names the other.
+    const profile = asNobody(['profile', '--pid', String(target.pid), '--duration', '1', '-o', path.join(dir, 'p.folded')]);
+    assert.strictEqual(profile.status, 2, profile.stderr);
+    assert.match(profile.stderr, /run as root, or grant CAP_BPF and CAP_PERFMON \(missing: CAP_BPF, CAP_PERFMON\)/);
+    assert.match(profile.stderr, /CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH/);
+    const agent = asNobody(['agent', '--output-dir', path.join(dir, 'agent')]);
+    assert.strictEqual(agent.status, 2, agent.stderr);
+    assert.match(agent.stderr, /\(missing: CAP_BPF, CAP_PERFMON\)/);
+    assert.doesNotMatch(agent.stderr, /\bprofile\b/, 'the agent\'s error names another command');
+
+    // Sampling capabilities only: reading a process of another user (root's
+    // sleep) names the two it also takes.
+    const setcap = spawnSync('setcap', ['cap_bpf,cap_perfmon+ep', binary], { encoding: 'utf8' });
+    assert.strictEqual(setcap.status, 0, setcap.stderr);
+    const partial = asNobody(['profile', '--pid', String(target.pid), '--duration', '1', '-o', path.join(dir, 'p.folded')]);
+    assert.notStrictEqual(partial.status, 0, partial.stderr);
+    assert.match(partial.stderr, new RegExp(`permission denied reading the memory of ${target.pid} .*grant CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH`));
+  } finally {
+    target.kill();
+  }
 });
 
 test('profile checks every output path before it samples', { skip: READER === null ? 'the reader is not built' : false }, async (t) => {

@@ -39,13 +39,32 @@ function platform() {
 
 const addonFile = (key) => `${BINARY_NAME}.${key}.node`;
 
-/** Directory of the installed platform package, or null. */
-function platformPackageDir(key = platform()) {
+/** This package's version, read once. */
+let versionCache;
+function ownVersion() {
+  versionCache ??= JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8')).version;
+  return versionCache;
+}
+
+/** {dir, version} of the installed platform package, or null. */
+function platformPackage(key) {
+  let manifest;
   try {
-    return path.dirname(require.resolve(`${PACKAGE_NAME}-${key}/package.json`, { paths: [ROOT] }));
+    manifest = require.resolve(`${PACKAGE_NAME}-${key}/package.json`, { paths: [ROOT] });
   } catch {
     return null;
   }
+  return { dir: path.dirname(manifest), version: JSON.parse(fs.readFileSync(manifest, 'utf8')).version };
+}
+
+/**
+ * Directory of the installed platform package, or null. One of another
+ * version is not used: its binaries were built from other sources, and the
+ * record layout, the process context and the JS side change together.
+ */
+function platformPackageDir(key = platform()) {
+  const found = platformPackage(key);
+  return found !== null && found.version === ownVersion() ? found.dir : null;
 }
 
 /** `file` from the build from source, else from the platform package, else null. */
@@ -72,9 +91,13 @@ function missingMessage(what) {
   if (!SUPPORTED.includes(key)) {
     return `${PACKAGE_NAME}: ${key} is not supported (supported: ${SUPPORTED.join(', ')}).`;
   }
+  const found = platformPackage(key);
+  const prebuilt = found !== null && found.version !== ownVersion()
+    ? `the prebuilt package ${PACKAGE_NAME}-${key} is at version ${found.version}, not ${ownVersion()}, so it is not used`
+    : `the prebuilt package ${PACKAGE_NAME}-${key} is not installed`;
   return (
-    `${PACKAGE_NAME}: the ${what} for ${key} is not installed: neither ${path.join(ROOT, what === 'native addon' ? addonFile(key) : path.join('bin', BINARY_NAME))} ` +
-    `nor the prebuilt package ${PACKAGE_NAME}-${key} exists. The package's install script builds it from source, ` +
+    `${PACKAGE_NAME}: the ${what} for ${key} is not installed: ${path.join(ROOT, what === 'native addon' ? addonFile(key) : path.join('bin', BINARY_NAME))} ` +
+    `does not exist and ${prebuilt}. The package's install script builds it from source, ` +
     `and it did not run (installed with --ignore-scripts, or install scripts are not allowed for ${PACKAGE_NAME}) or it failed. ` +
     `Run \`npm rebuild ${PACKAGE_NAME}\` (it needs a Rust toolchain, see ${README}), ` +
     `or allow the package's install script and reinstall.`

@@ -119,7 +119,7 @@ async function build() {
   // scripts/test.js, so that shared dependencies resolve to the same
   // features and `cargo test` reuses them.
   const cargoArgs = ['--release', '--locked', '--target', host, '--target-dir', targetDir];
-  const packages = ['-p', 'otel-thread-ctx', '-p', 'otel-thread-ctx-inspect'];
+  const packages = ['-p', 'otel-thread-ctx', '-p', 'otel-thread-ctx-cli'];
   let napiCli = null;
   try {
     const manifest = require.resolve('@napi-rs/cli/package.json', { paths: [ROOT] });
@@ -130,7 +130,7 @@ async function build() {
   if (napiCli !== null) {
     // napi copies the addon out; cargo arguments after `--` add the reader.
     await runNapi([napiCli, 'build', '--platform', '--no-js', '--release', '--target', host,
-      '--target-dir', targetDir, '-p', 'otel-thread-ctx', '--', '--locked', '-p', 'otel-thread-ctx-inspect']);
+      '--target-dir', targetDir, '-p', 'otel-thread-ctx', '--', '--locked', '-p', 'otel-thread-ctx-cli']);
   } else {
     run('cargo', ['build', ...cargoArgs, ...packages]);
     install(path.join(targetDir, host, 'release', 'libotel_thread_ctx.so'), path.join(ROOT, native.addonFile(key)));

@@ -26,7 +26,8 @@ if (!process.env.SKIP_CARGO_TEST) {
   cargoPassed =
     host !== undefined &&
     run('cargo', ['test', '--release', '--locked', '--target', host,
-      '-p', 'otel-thread-ctx', '-p', 'otel-thread-ctx-abi', '-p', 'otel-thread-ctx-otlp', '-p', 'otel-thread-ctx-inspect']);
+      '-p', 'otel-thread-ctx', '-p', 'otel-thread-ctx-abi', '-p', 'otel-thread-ctx-otlp', '-p', 'otel-thread-ctx-reader',
+      '-p', 'otel-thread-ctx-profiler', '-p', 'otel-thread-ctx-formats', '-p', 'otel-thread-ctx-agent', '-p', 'otel-thread-ctx-cli']);
 }
 const suites = fs
   .readdirSync(path.join(root, '__test__'))

@@ -1,0 +1,398 @@
+//! Sends exports to an OTLP receiver (an OpenTelemetry Collector, or any
+//! backend that takes OTLP profiles) on a thread of its own: OTLP/gRPC with
+//! tonic, OTLP/HTTP (protobuf) with hyper. Each request has a timeout; a
+//! failure the receiver may recover from is retried with exponential
+//! backoff; exports waiting meanwhile sit in a bounded queue that drops the
+//! oldest. Sampling never waits for any of it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use otel_thread_ctx_otlp::profiles::{ExportProfilesServiceRequest, ExportProfilesServiceResponse};
+use otel_thread_ctx_otlp::Message;
+use tonic::transport::Channel;
+
+use crate::queue::Queue;
+
+/// How exports reach the receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Protocol {
+    /// OTLP/gRPC (the Collector's port 4317).
+    Grpc,
+    /// OTLP/HTTP with a protobuf body (the Collector's port 4318).
+    Http,
+}
+
+/// A receiver, as `--otlp-endpoint` (and `--otlp-protocol`) name it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub protocol: Protocol,
+    /// gRPC: `http://host:port`; HTTP: the whole URL of the profiles path.
+    pub url: String,
+}
+
+/// The OTLP/HTTP path of profiles (the Collector's otlpreceiver serves it).
+pub const HTTP_PROFILES_PATH: &str = "/v1development/profiles";
+
+/// The gRPC method of the profiles service.
+const GRPC_EXPORT_PATH: &str =
+    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+
+/// Reads `--otlp-endpoint`: `grpc://host:port` or `http://host:port[/path]`;
+/// the scheme chooses the protocol unless `protocol` overrides it.
+pub fn parse_endpoint(url: &str, protocol: Option<Protocol>) -> Result<Endpoint, String> {
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+        format!("--otlp-endpoint {url:?}: expected grpc://host:port or http://host:port")
+    })?;
+    let from_scheme = match scheme {
+        "grpc" => Protocol::Grpc,
+        "http" => Protocol::Http,
+        "https" => return Err(format!("--otlp-endpoint {url:?}: TLS is not supported; send to a local Collector over plain grpc:// or http://")),
+        other => return Err(format!("--otlp-endpoint {url:?}: unknown scheme {other:?} (grpc:// or http://)")),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if authority.is_empty() {
+        return Err(format!("--otlp-endpoint {url:?} names no host"));
+    }
+    let protocol = protocol.unwrap_or(from_scheme);
+    let has_port = authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| !p.contains(']'));
+    let default_port = match protocol {
+        Protocol::Grpc => 4317,
+        Protocol::Http => 4318,
+    };
+    let authority = if has_port {
+        authority.to_string()
+    } else {
+        format!("{authority}:{default_port}")
+    };
+    let url = match protocol {
+        Protocol::Grpc => format!("http://{authority}"),
+        Protocol::Http if path.len() > 1 => format!("http://{authority}{path}"),
+        Protocol::Http => format!("http://{authority}{HTTP_PROFILES_PATH}"),
+    };
+    Ok(Endpoint { protocol, url })
+}
+
+/// Counts the exporter keeps (read by the agent's summary and log).
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub sent: AtomicU64,
+    pub failed_attempts: AtomicU64,
+    /// Exports given up after their retries, or refused for good.
+    pub abandoned: AtomicU64,
+    pub last_error: Mutex<Option<String>>,
+}
+
+/// A failed attempt, and whether trying again may help.
+struct Failure {
+    text: String,
+    retryable: bool,
+}
+
+/// Timeout of one attempt.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Backoff after the first failure; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long one export is retried before it is given up.
+const RETRY_FOR: Duration = Duration::from_secs(60);
+/// How long the exporter keeps sending after the agent was asked to stop.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The exporter thread and its queue.
+pub struct Exporter {
+    pub queue: Arc<Queue<ExportProfilesServiceRequest>>,
+    pub stats: Arc<Stats>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Exporter {
+    pub fn start(endpoint: Endpoint, capacity: usize) -> std::io::Result<Exporter> {
+        let queue = Arc::new(Queue::new(capacity));
+        let stats = Arc::new(Stats::default());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let thread = {
+            let (queue, stats) = (queue.clone(), stats.clone());
+            std::thread::Builder::new()
+                .name("otlp-export".into())
+                .spawn(move || runtime.block_on(run(endpoint, queue, stats)))?
+        };
+        Ok(Exporter {
+            queue,
+            stats,
+            thread: Some(thread),
+        })
+    }
+
+    /// Sends what is queued (for a few seconds at most), then stops.
+    pub fn finish(mut self) {
+        self.queue.close();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The connections, made once and reused (both reconnect on their own).
+enum Connection {
+    Grpc(Channel),
+    Http(Client<HttpConnector, Full<Bytes>>, String),
+}
+
+async fn run(
+    endpoint: Endpoint,
+    queue: Arc<Queue<ExportProfilesServiceRequest>>,
+    stats: Arc<Stats>,
+) {
+    let client = match endpoint.protocol {
+        Protocol::Grpc => match tonic::transport::Endpoint::from_shared(endpoint.url.clone()) {
+            Ok(e) => Connection::Grpc(
+                e.connect_timeout(ATTEMPT_TIMEOUT)
+                    .timeout(ATTEMPT_TIMEOUT)
+                    .connect_lazy(),
+            ),
+            Err(e) => {
+                *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(format!("{}: {e}", endpoint.url));
+                return;
+            }
+        },
+        Protocol::Http => {
+            let mut connector = HttpConnector::new();
+            connector.set_connect_timeout(Some(ATTEMPT_TIMEOUT));
+            Connection::Http(
+                Client::builder(TokioExecutor::new()).build(connector),
+                endpoint.url.clone(),
+            )
+        }
+    };
+    let mut closed_at: Option<Instant> = None;
+    loop {
+        // Waited for off the runtime's thread: the connections' tasks keep
+        // running meanwhile.
+        let waiting = queue.clone();
+        let item = tokio::task::spawn_blocking(move || waiting.pop(Duration::from_millis(500)))
+            .await
+            .ok()
+            .flatten();
+        if queue.is_closed() && closed_at.is_none() {
+            closed_at = Some(Instant::now());
+        }
+        let past_grace =
+            |closed_at: Option<Instant>| closed_at.is_some_and(|t| t.elapsed() >= SHUTDOWN_GRACE);
+        let Some(request) = item else {
+            if queue.is_closed() {
+                return;
+            }
+            continue;
+        };
+        let first = Instant::now();
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            match attempt(&client, &request).await {
+                Ok(()) => {
+                    stats.sent.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                Err(f) => {
+                    stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
+                    *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(f.text);
+                    if queue.is_closed() && closed_at.is_none() {
+                        closed_at = Some(Instant::now());
+                    }
+                    if !f.retryable || first.elapsed() >= RETRY_FOR || past_grace(closed_at) {
+                        stats.abandoned.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+        if past_grace(closed_at) {
+            // Whatever is still queued is not sent.
+            while queue.pop(Duration::ZERO).is_some() {
+                stats.abandoned.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+    }
+}
+
+async fn attempt(
+    client: &Connection,
+    request: &ExportProfilesServiceRequest,
+) -> Result<(), Failure> {
+    match client {
+        Connection::Grpc(channel) => grpc_export(channel.clone(), request.clone()).await,
+        Connection::Http(client, url) => http_export(client, url, request).await,
+    }
+}
+
+/// One call of `ProfilesService/Export` (the client is this one method,
+/// declared here rather than generated).
+async fn grpc_export(
+    channel: Channel,
+    request: ExportProfilesServiceRequest,
+) -> Result<(), Failure> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| Failure {
+        text: format!("gRPC channel: {e}"),
+        retryable: true,
+    })?;
+    let codec: tonic_prost::ProstCodec<
+        ExportProfilesServiceRequest,
+        ExportProfilesServiceResponse,
+    > = tonic_prost::ProstCodec::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(GRPC_EXPORT_PATH);
+    match grpc.unary(tonic::Request::new(request), path, codec).await {
+        Ok(response) => partial_success(response.into_inner()),
+        Err(status) => {
+            use tonic::Code;
+            let retryable = matches!(
+                status.code(),
+                Code::Unavailable
+                    | Code::ResourceExhausted
+                    | Code::DeadlineExceeded
+                    | Code::Aborted
+                    | Code::Cancelled
+                    | Code::OutOfRange
+                    | Code::DataLoss
+                    | Code::Unknown
+            );
+            Err(Failure {
+                text: format!("gRPC {:?}: {}", status.code(), status.message()),
+                retryable,
+            })
+        }
+    }
+}
+
+/// A receiver that accepted the request but rejected profiles in it: not
+/// worth sending again.
+fn partial_success(r: ExportProfilesServiceResponse) -> Result<(), Failure> {
+    match r.partial_success {
+        Some(p) if p.rejected_profiles > 0 => Err(Failure {
+            text: format!(
+                "the receiver rejected {} profiles: {}",
+                p.rejected_profiles, p.error_message
+            ),
+            retryable: false,
+        }),
+        _ => Ok(()),
+    }
+}
+
+async fn http_export(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    url: &str,
+    request: &ExportProfilesServiceRequest,
+) -> Result<(), Failure> {
+    let body = Full::new(Bytes::from(request.encode_to_vec()));
+    let req = hyper::Request::post(url)
+        .header("content-type", "application/x-protobuf")
+        .body(body)
+        .map_err(|e| Failure {
+            text: format!("{url}: {e}"),
+            retryable: false,
+        })?;
+    let response = match tokio::time::timeout(ATTEMPT_TIMEOUT, client.request(req)).await {
+        Err(_) => {
+            return Err(Failure {
+                text: format!("{url}: no answer within {ATTEMPT_TIMEOUT:?}"),
+                retryable: true,
+            })
+        }
+        Ok(Err(e)) => {
+            return Err(Failure {
+                text: format!("{url}: {e}"),
+                retryable: true,
+            })
+        }
+        Ok(Ok(r)) => r,
+    };
+    let status = response.status();
+    let body = tokio::time::timeout(ATTEMPT_TIMEOUT, response.into_body().collect())
+        .await
+        .ok()
+        .and_then(|b| b.ok())
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    if status.is_success() {
+        return match ExportProfilesServiceResponse::decode(&body[..]) {
+            Ok(r) => partial_success(r),
+            // An empty or non-protobuf success body: accepted.
+            Err(_) => Ok(()),
+        };
+    }
+    Err(Failure {
+        text: format!("{url} answered {status}"),
+        retryable: matches!(status.as_u16(), 429 | 502 | 503 | 504),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scheme_chooses_the_protocol_and_the_default_port() {
+        assert_eq!(
+            parse_endpoint("grpc://127.0.0.1:4317", None).unwrap(),
+            Endpoint {
+                protocol: Protocol::Grpc,
+                url: "http://127.0.0.1:4317".into()
+            }
+        );
+        assert_eq!(
+            parse_endpoint("http://collector", None).unwrap(),
+            Endpoint {
+                protocol: Protocol::Http,
+                url: "http://collector:4318/v1development/profiles".into()
+            }
+        );
+        assert_eq!(
+            parse_endpoint("http://h:1/custom/path", None).unwrap().url,
+            "http://h:1/custom/path"
+        );
+        assert_eq!(
+            parse_endpoint("http://h:4317", Some(Protocol::Grpc)).unwrap(),
+            Endpoint {
+                protocol: Protocol::Grpc,
+                url: "http://h:4317".into()
+            }
+        );
+        assert!(parse_endpoint("https://h", None).is_err());
+        assert!(parse_endpoint("ftp://h", None).is_err());
+        assert!(parse_endpoint("h:4317", None).is_err());
+        assert!(parse_endpoint("grpc://", None).is_err());
+    }
+
+    #[test]
+    fn partial_successes_that_reject_profiles_are_failures() {
+        use otel_thread_ctx_otlp::profiles::ExportProfilesPartialSuccess;
+        assert!(partial_success(ExportProfilesServiceResponse::default()).is_ok());
+        let rejected = ExportProfilesServiceResponse {
+            partial_success: Some(ExportProfilesPartialSuccess {
+                rejected_profiles: 2,
+                error_message: "bad".into(),
+            }),
+        };
+        let f = partial_success(rejected).unwrap_err();
+        assert!(!f.retryable && f.text.contains("rejected 2"));
+    }
+}

@@ -1,0 +1,367 @@
+//! Continuous, host-wide profiling (the `agent` command). One BPF program samples every
+//! process that publishes a thread context (or the ones named), found and
+//! dropped by a scan of /proc as they start and exit; every interval, one
+//! OTLP export holds one ResourceProfiles per process, written to files
+//! and/or sent to an OTLP receiver.
+//!
+//! Four threads, so that nothing waits on anything slower than itself:
+//! - sampling (this one): drains the ring buffer, unwinds stacks while the
+//!   processes are alive, applies the scan's changes to the program;
+//! - scanning: looks through /proc every [`SCAN_EVERY`];
+//! - building: names frames and builds each export, writes the file;
+//! - exporting: sends, retries, drops the oldest when the receiver is away.
+
+pub mod export;
+pub mod files;
+pub mod processes;
+pub mod profiled;
+pub mod queue;
+pub mod request;
+pub mod resource;
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use otel_thread_ctx_profiler::loader;
+use otel_thread_ctx_profiler::SamplerError;
+
+/// How often /proc is scanned for processes that started or exited.
+pub const SCAN_EVERY: Duration = Duration::from_secs(2);
+/// Exports waiting for the receiver at most (the oldest goes first).
+const QUEUE_CAPACITY: usize = 16;
+/// Intervals waiting to be built at most.
+const JOBS_WAITING: usize = 2;
+/// Processes profiled at once at most (the program's `targets` entries).
+const MAX_PROCESSES: u32 = 4096;
+
+pub struct Options {
+    pub interval: Duration,
+    pub hz: u64,
+    pub off_cpu: bool,
+    pub output_dir: Option<PathBuf>,
+    pub output_max_bytes: u64,
+    pub endpoint: Option<export::Endpoint>,
+    /// Exports in the span-profile form, filed under which span.
+    pub span_profiles: Option<otel_thread_ctx_formats::otlp::SpanProfiles>,
+    pub selection: processes::Selection,
+}
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Sampler(#[from] SamplerError),
+    #[error("agent needs somewhere to export: --otlp-endpoint URL and/or --output-dir DIR")]
+    NoDestination,
+    #[error("cannot use --output-dir {}: {source}", .path.display())]
+    OutputDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the exporter: {0}")]
+    Exporter(#[source] std::io::Error),
+}
+
+/// Runs until SIGINT/SIGTERM, then exports once more and returns the
+/// summary lines.
+pub fn run(opts: &Options) -> Result<Vec<String>, AgentError> {
+    otel_thread_ctx_profiler::check()?;
+    if opts.output_dir.is_none() && opts.endpoint.is_none() {
+        return Err(AgentError::NoDestination);
+    }
+    let files = match &opts.output_dir {
+        Some(dir) => Some(
+            files::Files::new(dir, opts.output_max_bytes).map_err(|source| {
+                AgentError::OutputDir {
+                    path: dir.clone(),
+                    source,
+                }
+            })?,
+        ),
+        None => None,
+    };
+    let exporter = match &opts.endpoint {
+        Some(e) => {
+            Some(export::Exporter::start(e.clone(), QUEUE_CAPACITY).map_err(AgentError::Exporter)?)
+        }
+        None => None,
+    };
+    sample(opts, files, exporter)
+}
+
+/// What the building thread is handed at each export.
+struct Job {
+    intervals: Vec<profiled::Interval>,
+    window: request::Window,
+}
+
+fn sample(
+    opts: &Options,
+    mut files: Option<files::Files>,
+    exporter: Option<export::Exporter>,
+) -> Result<Vec<String>, AgentError> {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use otel_thread_ctx_reader::thread::monotonic_ns;
+
+    let mut loaded = loader::Loaded::attach(opts.hz, opts.off_cpu, MAX_PROCESSES)
+        .map_err(|e| AgentError::Sampler(e.into()))?;
+    log(&format!(
+        "sampling at {} Hz{}, exporting every {:.1} s{}{}",
+        opts.hz,
+        if opts.off_cpu {
+            " with off-CPU time"
+        } else {
+            ""
+        },
+        opts.interval.as_secs_f64(),
+        opts.endpoint.as_ref().map_or(String::new(), |e| format!(
+            " to {} ({:?})",
+            e.url, e.protocol
+        )),
+        opts.output_dir
+            .as_ref()
+            .map_or(String::new(), |d| format!(" into {}", d.display())),
+    ));
+
+    // Scanning thread.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (changes_tx, changes) = mpsc::channel::<processes::Change>();
+    let scanner = {
+        let stop = stop.clone();
+        let mut watcher = processes::Watcher::new(opts.selection.clone());
+        std::thread::Builder::new()
+            .name("scan".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    for change in watcher.scan() {
+                        if changes_tx.send(change).is_err() {
+                            return;
+                        }
+                    }
+                    let until = Instant::now() + SCAN_EVERY;
+                    while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            })
+            .map_err(AgentError::Exporter)?
+    };
+
+    // Building thread.
+    // Bounded: when naming falls behind, exports are skipped rather than
+    // piling up in memory.
+    let (jobs_tx, jobs) = mpsc::sync_channel::<Job>(JOBS_WAITING);
+    let exports = Arc::new(AtomicU64::new(0));
+    let settings = request::Settings {
+        hz: opts.hz,
+        off_cpu: opts.off_cpu,
+        span_profiles: opts.span_profiles,
+    };
+    let queue = exporter.as_ref().map(|e| e.queue.clone());
+    let builder = {
+        let exports = exports.clone();
+        std::thread::Builder::new()
+            .name("build".into())
+            .spawn(move || {
+                let host_name = resource::host_name();
+                // Kept across exports: it caches the symbol tables it read.
+                let symbolizer = blazesym::symbolize::Symbolizer::new();
+                for job in jobs {
+                    let processes = job.intervals.len();
+                    let Some(req) = request::build(
+                        job.intervals,
+                        job.window,
+                        settings,
+                        &host_name,
+                        &symbolizer,
+                    ) else {
+                        continue;
+                    };
+                    exports.fetch_add(1, Ordering::Relaxed);
+                    if let Some(files) = files.as_mut() {
+                        use otel_thread_ctx_otlp::Message;
+                        let data = otel_thread_ctx_formats::otlp::data(req.clone());
+                        match files.write(
+                            job.window.start_unix_ns + job.window.duration_ns,
+                            &data.encode_to_vec(),
+                        ) {
+                            Ok(path) => {
+                                log(&format!("wrote {} ({processes} processes)", path.display()))
+                            }
+                            Err(e) => log(&format!("cannot write the export: {e}")),
+                        }
+                    }
+                    if let Some(queue) = &queue {
+                        queue.push(req);
+                    }
+                }
+            })
+            .map_err(AgentError::Exporter)?
+    };
+
+    let mut profiled: HashMap<i32, profiled::Profiled> = HashMap::new();
+    let mut window_start = (
+        monotonic_ns(),
+        otel_thread_ctx_profiler::system::unix_now_ns(),
+    );
+    let mut last_export = Instant::now();
+    let mut names_refreshed = Instant::now();
+    let mut samples_total: u64 = 0;
+    let mut unattributed: u64 = 0;
+    let mut seen_processes: u64 = 0;
+    let mut skipped_exports: u64 = 0;
+    loop {
+        let ending = otel_thread_ctx_reader::signals::requested().is_some();
+        for change in changes.try_iter() {
+            match change {
+                processes::Change::Added(found) => {
+                    if let Err(e) = loaded.add_target(&found.plan) {
+                        log(&format!("cannot profile pid {}: {e}", found.pid));
+                        continue;
+                    }
+                    log(&format!(
+                        "profiling pid {} ({}): {}",
+                        found.pid,
+                        found.executable,
+                        found.notes.join("; ")
+                    ));
+                    seen_processes += 1;
+                    profiled.insert(found.pid, profiled::Profiled::new(&found));
+                }
+                processes::Change::Updated(plan) => {
+                    if let Err(e) = loaded.add_target(&plan) {
+                        log(&format!("cannot update pid {}: {e}", plan.tgid));
+                    }
+                }
+                processes::Change::Gone(pid) => {
+                    loaded.remove_target(pid as u32);
+                    if let Some(p) = profiled.get_mut(&pid) {
+                        log(&format!("pid {pid} exited"));
+                        p.exited = true;
+                    }
+                }
+            }
+        }
+        loaded.poll(Duration::from_millis(if ending { 0 } else { 100 }), |s| {
+            samples_total += 1;
+            match profiled.get_mut(&(s.tgid as i32)) {
+                Some(p) => p.take(s),
+                None => unattributed += 1,
+            }
+        });
+        for read in loaded.take_item_reads() {
+            if let Some(p) = profiled.get_mut(&(read.tgid as i32)) {
+                p.take_item_read(read);
+            }
+        }
+        if names_refreshed.elapsed() >= Duration::from_secs(1) {
+            for p in profiled.values_mut() {
+                p.refresh();
+            }
+            names_refreshed = Instant::now();
+        }
+        if ending || last_export.elapsed() >= opts.interval {
+            let now = (
+                monotonic_ns(),
+                otel_thread_ctx_profiler::system::unix_now_ns(),
+            );
+            let intervals: Vec<profiled::Interval> =
+                profiled.values_mut().filter_map(|p| p.cut()).collect();
+            profiled.retain(|_, p| !p.exited);
+            let window = request::Window {
+                start_monotonic_ns: window_start.0,
+                start_unix_ns: window_start.1,
+                duration_ns: now.0.saturating_sub(window_start.0),
+            };
+            window_start = now;
+            last_export = Instant::now();
+            if !intervals.is_empty() {
+                let job = Job { intervals, window };
+                if ending {
+                    // The last one waits for the builder.
+                    let _ = jobs_tx.send(job);
+                } else if let Err(mpsc::TrySendError::Full(_)) = jobs_tx.try_send(job) {
+                    skipped_exports += 1;
+                    log("building exports is behind: this interval's samples are dropped");
+                }
+            }
+            if let Some(e) = &exporter {
+                report_exporter(e);
+            }
+        }
+        if ending {
+            break;
+        }
+    }
+    let lost = loaded.lost();
+    drop(loaded);
+    stop.store(true, Ordering::Relaxed);
+    drop(jobs_tx);
+    let _ = builder.join();
+    drop(changes);
+    let _ = scanner.join();
+    let mut lines = vec![format!(
+        "profiled {seen_processes} processes: {samples_total} samples ({unattributed} from processes no longer tracked), {} exports ({skipped_exports} skipped: building was behind)",
+        exports.load(Ordering::Relaxed)
+    )];
+    if lost.ring_full + lost.blocked_table_full > 0 {
+        lines.push(format!(
+            "the kernel side dropped {} samples (ring buffer full) and {} waits (too many blocked threads)",
+            lost.ring_full, lost.blocked_table_full
+        ));
+    }
+    if let Some(e) = exporter {
+        let stats = e.stats.clone();
+        let queue = e.queue.clone();
+        e.finish();
+        lines.push(format!(
+            "exporter: {} sent, {} failed attempts, {} given up, {} dropped from a full queue",
+            stats.sent.load(Ordering::Relaxed),
+            stats.failed_attempts.load(Ordering::Relaxed),
+            stats.abandoned.load(Ordering::Relaxed),
+            queue.dropped()
+        ));
+    }
+    lines.push(format!(
+        "the agent used {:.3} s of CPU",
+        otel_thread_ctx_profiler::system::own_cpu_ns() as f64 / 1e9
+    ));
+    if let Some(sig) = otel_thread_ctx_reader::signals::requested() {
+        lines.push(format!("ended by signal {sig}"));
+    }
+    Ok(lines)
+}
+
+/// One line about the exporter when something went wrong since the start.
+fn report_exporter(e: &export::Exporter) {
+    use std::sync::atomic::Ordering;
+    let failed = e.stats.failed_attempts.load(Ordering::Relaxed);
+    if failed == 0 {
+        return;
+    }
+    let last = e
+        .stats
+        .last_error
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_default();
+    log(&format!(
+        "exporter: {} sent, {failed} failed attempts, {} given up, {} dropped from a full queue, {} waiting; last error: {last}",
+        e.stats.sent.load(Ordering::Relaxed),
+        e.stats.abandoned.load(Ordering::Relaxed),
+        e.queue.dropped(),
+        e.queue.len()
+    ));
+}
+
+/// The agent's log: one line on stderr.
+fn log(line: &str) {
+    eprintln!("otel-thread-ctx agent: {line}");
+}

@@ -1,0 +1,156 @@
+//! One profiled process on the sampling side: its samples since the last
+//! export, unwound and tied to their mappings as they arrive (while the
+//! process and its maps are there), and what names its threads and its
+//! resource.
+
+use std::collections::HashMap;
+
+use otel_thread_ctx_otlp::Resource;
+
+use crate::processes::Found;
+use otel_thread_ctx_profiler::kernel::{ItemRead, Sample};
+use otel_thread_ctx_profiler::plan::current_process_context;
+use otel_thread_ctx_profiler::symbolize::Collector;
+use otel_thread_ctx_profiler::unwind::{choose, StackUnwinder};
+use otel_thread_ctx_profiler::{model, threadpool};
+use otel_thread_ctx_reader::maps::{self, Mapping};
+use otel_thread_ctx_reader::tasks;
+
+pub struct Profiled {
+    pub pid: i32,
+    pub executable: String,
+    pub command: String,
+    maps: Vec<Mapping>,
+    /// Kept across exports: it caches every module's unwind tables.
+    unwinder: StackUnwinder,
+    collector: Collector,
+    samples: Vec<Sample>,
+    /// Pool items read after a GC hid them from their samples: since the
+    /// last export, and in the one before (a wait's sample arrives when the
+    /// thread wakes, possibly after its item's read went out).
+    item_reads: Vec<ItemRead>,
+    earlier_item_reads: Vec<ItemRead>,
+    thread_names: HashMap<u32, String>,
+    /// The latest process context read (resource, key map): an exited
+    /// process keeps the last one.
+    context: (Option<Resource>, Vec<String>),
+    /// The process exited: its last samples go out with the next export.
+    pub exited: bool,
+}
+
+/// One process's share of an export, handed to the building thread.
+pub struct Interval {
+    pub pid: i32,
+    pub executable: String,
+    pub command: String,
+    pub samples: Vec<Sample>,
+    pub collector: Collector,
+    pub thread_names: HashMap<u32, String>,
+    pub resource: Option<Resource>,
+    pub key_map: Vec<String>,
+}
+
+impl Profiled {
+    pub fn new(found: &Found) -> Profiled {
+        let mut p = Profiled {
+            pid: found.pid,
+            executable: found.executable.clone(),
+            command: found.command.clone(),
+            maps: found.maps.clone(),
+            unwinder: StackUnwinder::new(found.pid, found.maps.clone()),
+            collector: Collector::new(found.pid, found.maps.clone()),
+            samples: Vec::new(),
+            item_reads: Vec::new(),
+            earlier_item_reads: Vec::new(),
+            thread_names: HashMap::new(),
+            context: (None, Vec::new()),
+            exited: false,
+        };
+        p.refresh();
+        p
+    }
+
+    /// Takes one sample: its user stack unwound from the copy where that
+    /// gives more, its addresses noted for naming.
+    pub fn take(&mut self, mut s: Sample) {
+        if let Some(copy) = s.user_stack_copy.take() {
+            let unwound = self.unwinder.unwind(&copy);
+            s.user_stack = choose(&unwound, &s.user_stack);
+        }
+        for (i, &a) in s.user_stack.iter().enumerate() {
+            self.collector.user(model::lookup_address(i, a));
+        }
+        for &a in &s.kernel_stack {
+            self.collector.kernel(a);
+        }
+        self.samples.push(s);
+    }
+
+    /// Takes the span of a pool item that samples of it could not read.
+    pub fn take_item_read(&mut self, read: ItemRead) {
+        self.item_reads.push(read);
+    }
+
+    /// Thread names as /proc shows them, and the process context (its key
+    /// map only grows: the latest names every index seen).
+    pub fn refresh(&mut self) {
+        if self.exited {
+            return;
+        }
+        for tid in tasks::list(self.pid) {
+            let name = tasks::name(self.pid, tid);
+            if !name.is_empty() {
+                self.thread_names.insert(tid as u32, name);
+            }
+        }
+        if let Some(found) = current_process_context(self.pid) {
+            self.context = found;
+        }
+    }
+
+    /// The samples since the last cut, with what names them; `None` when
+    /// there are none.
+    pub fn cut(&mut self) -> Option<Interval> {
+        self.refresh();
+        if !self.exited {
+            if let Ok(m) = maps::read(self.pid) {
+                if !m.is_empty() {
+                    self.maps = m;
+                }
+            }
+        }
+        let collector = std::mem::replace(
+            &mut self.collector,
+            Collector::new(self.pid, self.maps.clone()),
+        );
+        let fresh = std::mem::take(&mut self.item_reads);
+        let mut item_reads = std::mem::replace(&mut self.earlier_item_reads, fresh.clone());
+        item_reads.extend(fresh);
+        if self.samples.is_empty() {
+            return None;
+        }
+        threadpool::fill_from_same_item(&mut self.samples, &item_reads);
+        let thread_names = if self.exited {
+            std::mem::take(&mut self.thread_names)
+        } else {
+            // Threads that exited are named no more.
+            let live: std::collections::HashSet<u32> = tasks::list(self.pid)
+                .into_iter()
+                .map(|t| t as u32)
+                .collect();
+            let names = self.thread_names.clone();
+            self.thread_names.retain(|tid, _| live.contains(tid));
+            names
+        };
+        Some(Interval {
+            pid: self.pid,
+            executable: self.executable.clone(),
+            command: self.command.clone(),
+            samples: std::mem::take(&mut self.samples),
+            collector,
+            thread_names,
+            resource: self.context.0.clone(),
+            key_map: self.context.1.clone(),
+        })
+    }
+}

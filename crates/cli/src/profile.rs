@@ -1,0 +1,766 @@
+//! `profile`: trace-linked CPU and off-CPU profiles sampled in the kernel.
+//!
+//! The profiler samples the process for the run's duration (the BPF
+//! program reads the sampled thread's OTEP 4947 record at that instant,
+//! found the way the reader resolved it for the process); this command
+//! then has the profile written in the format asked for.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use otel_thread_ctx_formats::{check_writable, flame, jsonl, otlp, pprof, top};
+use otel_thread_ctx_otlp::{AnyValue, KeyValue, Resource};
+use otel_thread_ctx_profiler::loader::{self, AttachError};
+use otel_thread_ctx_profiler::plan::{self, current_process_context, target_plan};
+use otel_thread_ctx_profiler::system::{own_cpu_ns, unix_now_ns};
+use otel_thread_ctx_profiler::SamplerError;
+use otel_thread_ctx_profiler::{kernel, model, perf_map, symbolize, threadpool, unwind};
+use otel_thread_ctx_reader::schema::Schema;
+use otel_thread_ctx_reader::target::{Target, TargetError};
+use otel_thread_ctx_reader::tasks;
+use otel_thread_ctx_reader::thread;
+
+/// Output formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// gzipped profile.proto, for `go tool pprof`, speedscope, ...
+    Pprof,
+    /// OTLP Profiles (ProfilesData, protobuf).
+    Otlp,
+    /// Folded stacks (`a;b;c value`), whole run plus one file per trace.
+    Folded,
+    /// Flame graph SVGs, whole run plus one per trace.
+    Svg,
+    /// One JSON line per sample, in time order, with CLOCK_MONOTONIC times
+    /// and the record as read (no stacks): for scripts and scoring.
+    Jsonl,
+    /// Tables on stdout (or in the output file when given): CPU and
+    /// off-CPU time by endpoint, by span name, by function.
+    Top,
+}
+
+/// Which off-CPU time a profile keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OffCpu {
+    /// Waits of the application's threads, not their idle waits: off-CPU
+    /// time with no span on threads that never published one (V8 platform
+    /// workers, idle pool threads) and event loops idle in epoll are left out.
+    Spans,
+    /// Every wait of every thread.
+    All,
+}
+
+impl Format {
+    fn extension(self) -> &'static str {
+        match self {
+            Format::Pprof => "pb.gz",
+            Format::Otlp => "otlp.pb",
+            Format::Folded => "folded",
+            Format::Svg => "svg",
+            Format::Jsonl => "jsonl",
+            Format::Top => "txt",
+        }
+    }
+}
+
+pub struct Options {
+    pub pid: i32,
+    pub duration: Duration,
+    pub hz: u64,
+    /// Off-CPU time recorded, and which (None: on CPU only).
+    pub off_cpu: Option<OffCpu>,
+    pub format: Format,
+    /// First level of the whole-run folded stacks and flame graph.
+    pub group_by: flame::GroupBy,
+    pub output: Option<PathBuf>,
+    pub otlp_endpoint: Option<String>,
+    /// Per-trace flame graphs or folded files written at most.
+    pub max_traces: usize,
+    /// Attribute libuv threadpool work to the span that queued it.
+    pub threadpool: bool,
+    /// Follow it with the probes even where a pool thread's running item
+    /// could be read at sample time (a target that publishes the Node.js
+    /// schema).
+    pub threadpool_probes: bool,
+    /// OTLP output in the span-profile form, filed under which span.
+    pub span_profiles: Option<otlp::SpanProfiles>,
+}
+
+/// What the command prints when it is done.
+pub struct Report {
+    pub lines: Vec<String>,
+    /// What goes to stdout (`--format top` without an output file).
+    pub stdout: Option<String>,
+}
+
+/// Why a profile could not be taken or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(transparent)]
+    Sampler(#[from] SamplerError),
+    #[error("cannot write {what} {}: {source}; nothing was sampled", .path.display())]
+    Output {
+        /// What the path is for: the profile, or one of its per-trace files.
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Send(#[from] otlp::SendError),
+    #[error(transparent)]
+    Render(#[from] flame::RenderError),
+}
+
+impl From<AttachError> for ProfileError {
+    fn from(e: AttachError) -> Self {
+        ProfileError::Sampler(e.into())
+    }
+}
+
+/// Runs the profile and writes its output.
+pub fn run(opts: &Options) -> Result<Report, ProfileError> {
+    check_outputs(opts)?;
+    otel_thread_ctx_profiler::check()?;
+    let target = Target::open(opts.pid)?;
+    if let Some(note) = no_context_note(opts.pid, &target) {
+        // Now rather than in the summary: the run takes its whole duration.
+        eprintln!("otel-thread-ctx: {note}");
+    }
+    let (mut plan, mut lines) = target_plan(opts.pid, &target);
+    let pool = if opts.threadpool {
+        threadpool::find(opts.pid, &target.maps)
+            .map_err(|why| lines.push(format!("threadpool: not attributed: {why}")))
+            .ok()
+    } else {
+        lines.push("threadpool: not attributed (--no-threadpool)".into());
+        None
+    };
+    let pool = match pool {
+        Some(p) if !opts.threadpool_probes => {
+            read_pool_at_sample_time(&target, &p, &mut plan, &mut lines).then_some(p)
+        }
+        other => other,
+    };
+    sample(opts, target, plan, pool, lines)
+}
+
+/// The file `opts` writes the profile to, when it writes one (`--format
+/// top` without `-o` prints it instead).
+fn output_path(opts: &Options) -> Option<PathBuf> {
+    match (&opts.output, opts.format) {
+        (Some(path), _) => Some(path.clone()),
+        (None, Format::Top) => None,
+        (None, format) => Some(PathBuf::from(format!(
+            "profile-{}.{}",
+            opts.pid,
+            format.extension()
+        ))),
+    }
+}
+
+/// Checks, before anything is sampled, every file the run will write (the
+/// profile, and for folded stacks and SVGs a per-trace file beside it) and
+/// the OTLP endpoint's form: otherwise a bad path or URL is found only once
+/// the whole duration has been profiled, and the run is lost.
+fn check_outputs(opts: &Options) -> Result<(), ProfileError> {
+    if let Some(endpoint) = &opts.otlp_endpoint {
+        otlp::endpoint_url(endpoint)?;
+    }
+    let Some(output) = output_path(opts) else {
+        return Ok(());
+    };
+    let check = |what, path: &Path| {
+        check_writable(path).map_err(|source| ProfileError::Output {
+            what,
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    check("the profile to", &output)?;
+    if matches!(opts.format, Format::Folded | Format::Svg) && opts.max_traces > 0 {
+        // Trace ids are all 32 hex digits: one name stands for every file.
+        let per_trace = trace_path(&output, &"0".repeat(32), opts.format.extension());
+        check("the per-trace files beside it, e.g.", &per_trace)?;
+    }
+    Ok(())
+}
+
+/// What a profile of a process that publishes no thread context means,
+/// said before it starts; `None` when a module defines a schema's variable
+/// (whether or not it can be read: the summary says which).
+fn no_context_note(pid: i32, target: &Target) -> Option<String> {
+    (target.module.is_none() && target.nodejs.is_empty()).then(|| {
+        format!(
+            "pid {pid} publishes no thread context: no loaded module defines {} (OTEP 4947 record, as otel-thread-ctx writes it) or {} (Node.js schema); profiling it anyway, but no sample will carry a trace or span",
+            Schema::Record.symbol(),
+            Schema::Nodejs.symbol()
+        )
+    })
+}
+
+/// Where the target publishes the Node.js schema, a pool thread's samples
+/// read the span of the request it runs, and no probe is attached: returns
+/// whether the probes are still needed (the record schema, or a module
+/// that does not show what [`threadpool::running_item_plan`] needs).
+fn read_pool_at_sample_time(
+    target: &Target,
+    probes: &threadpool::Probes,
+    plan: &mut kernel::TargetPlan,
+    lines: &mut Vec<String>,
+) -> bool {
+    if !otel_thread_ctx_reader::process_context::lookup(&target.maps, &target.memory)
+        .publishes_nodejs_schema()
+    {
+        return true;
+    }
+    let Some(running) = threadpool::running_item_plan(probes, &target.maps) else {
+        lines.push(format!(
+            "threadpool: {} does not show the worker loop's item start, a work function or where a request keeps its context frame; probing instead",
+            probes.module
+        ));
+        return true;
+    };
+    plan.pool = running;
+    lines.push(format!(
+        "threadpool: pool threads' samples carry the span of the request they run, read at sample time (no probes; {})",
+        probes.module
+    ));
+    false
+}
+
+fn sample(
+    opts: &Options,
+    target: Target,
+    plan: kernel::TargetPlan,
+    pool: Option<threadpool::Probes>,
+    mut lines: Vec<String>,
+) -> Result<Report, ProfileError> {
+    let pid = opts.pid;
+    let mut loaded = loader::Loaded::attach(opts.hz, opts.off_cpu.is_some(), 1)?;
+    // A threadpool probe that cannot be attached does not stop the profile.
+    let pool = pool.and_then(|p| match loaded.attach_threadpool(plan.tgid, &p) {
+        Ok(()) => Some(p),
+        Err(e) => {
+            lines.push(format!("threadpool: not attributed: {e}"));
+            None
+        }
+    });
+    if let Some(p) = &pool {
+        lines.push(format!(
+            "threadpool: work queued through libuv's pool follows its span to the pool thread ({} -> {} in {})",
+            p.sites.submitters.iter().map(|s| s.function).collect::<Vec<_>>().join(", "),
+            match p.sites.item_start {
+                Some(_) => format!("the item start in {}", threadpool::WORKER_LOOP),
+                None => p.sites.work.iter().map(|&(name, _)| name).collect::<Vec<_>>().join(", "),
+            },
+            p.module
+        ));
+    }
+    // Sampling begins with the target's entry, after every probe is
+    // attached: the run starts just before it, so it holds every sample.
+    let start_monotonic_ns = thread::monotonic_ns();
+    let start_unix_ns = unix_now_ns();
+    let started = Instant::now();
+    loaded.add_target(&plan)?;
+    // Attaching takes seconds (the kernel verifies the programs): say when
+    // sampling has begun, so a user (or a script) knows the run is live.
+    eprintln!(
+        "otel-thread-ctx: sampling pid {pid} at {} Hz for up to {:.0} s; SIGINT (Ctrl-C) ends it early",
+        opts.hz,
+        opts.duration.as_secs_f64()
+    );
+    let mut collector = symbolize::Collector::new(pid, target.maps.clone());
+    let mut stacks = unwind::Stacks::new(pid, target.maps.clone());
+    let mut samples = Vec::new();
+    let mut thread_names: HashMap<u32, String> = HashMap::new();
+    let mut names_refreshed = Instant::now() - Duration::from_secs(1);
+    let mut target_exited = false;
+    let mut context = plan::process_context(&target.maps, &target.memory);
+    let mut take = |mut s: kernel::Sample, collector: &mut symbolize::Collector| {
+        stacks.take(&mut s);
+        for (i, &a) in s.user_stack.iter().enumerate() {
+            collector.user(model::lookup_address(i, a));
+        }
+        for &a in &s.kernel_stack {
+            collector.kernel(a);
+        }
+        samples.push(s);
+    };
+    loop {
+        if otel_thread_ctx_reader::signals::requested().is_some()
+            || started.elapsed() >= opts.duration
+        {
+            break;
+        }
+        if names_refreshed.elapsed() >= Duration::from_millis(500) {
+            // Names as /proc shows them (the BPF side only has comm, which
+            // is the same text; this also catches names set later).
+            for tid in tasks::list(pid) {
+                let name = tasks::name(pid, tid);
+                if !name.is_empty() {
+                    thread_names.insert(tid as u32, name);
+                }
+            }
+            names_refreshed = Instant::now();
+            // The key map only grows: the latest one names every index seen.
+            if let Some(found) = current_process_context(pid) {
+                context = found;
+            }
+            if tasks::process_exited(pid) {
+                // Its pid may be reused: sample nothing under it.
+                loaded.remove_target(pid as u32);
+                target_exited = true;
+                break;
+            }
+        }
+        let left = opts
+            .duration
+            .saturating_sub(started.elapsed())
+            .min(Duration::from_millis(100));
+        loaded.poll(left, |s| take(s, &mut collector));
+    }
+    loaded.poll(Duration::ZERO, |s| take(s, &mut collector));
+    let item_reads = loaded.take_item_reads();
+    let lost = loaded.lost();
+    let pool_items = loaded.pool_items();
+    drop(loaded);
+    let duration_ns = started.elapsed().as_nanos() as u64;
+    if !target_exited {
+        if let Some(found) = current_process_context(pid) {
+            context = found;
+        }
+    }
+    let (resource, key_map) = context;
+    let (on_cpu_stacks, off_cpu_stacks) = stacks.wholeness();
+    let names = collector.finish();
+    let unread = samples.iter().filter(|s| s.pool_unread).count();
+    let filled = threadpool::fill_from_same_item(&mut samples, &item_reads);
+    let between_items = threadpool::clear_between_items(&mut samples, &names);
+    let base = model::Profile {
+        pid,
+        hz: opts.hz,
+        off_cpu: opts.off_cpu.is_some(),
+        period_ns: 1_000_000_000 / opts.hz.max(1),
+        start_monotonic_ns,
+        start_unix_ns,
+        duration_ns,
+        entries: Vec::new(),
+    };
+    let mut profile = model::build(base, &samples, &names, &key_map, &thread_names);
+    let mut notes = Vec::new();
+    if opts.off_cpu == Some(OffCpu::Spans) {
+        let left_out = profile.keep_off_cpu_in_spans();
+        if left_out > 0 {
+            notes.push(format!(
+                "left out {:.3} s of idle waits (threads without spans, event loops in epoll); --off-cpu=all keeps them",
+                left_out as f64 / 1e9
+            ));
+        }
+    }
+    match &names.perf_map {
+        Some(path) => notes.push(format!("JavaScript frames named from {path}")),
+        None if names.anonymous_frames > 0 => notes.push(format!(
+            "no perf map at {}: {} JIT addresses stay unnamed (start node with --perf-basic-prof to name JavaScript frames)",
+            perf_map::path(pid).display(),
+            names.anonymous_frames
+        )),
+        None => {}
+    }
+    if lost.ring_full + lost.blocked_table_full > 0 {
+        notes.push(format!(
+            "the kernel side dropped {} samples (ring buffer full) and {} waits (too many blocked threads)",
+            lost.ring_full, lost.blocked_table_full
+        ));
+    }
+    let in_span = profile
+        .entries
+        .iter()
+        .filter(|e| e.kind == kernel::Kind::OnCpu && e.span.is_some())
+        .map(|e| e.events.len() as u64)
+        .sum::<u64>();
+    lines.push(format!(
+        "profiled pid {pid} for {:.2} s at {} Hz: {} on-CPU samples ({in_span} in a span) from {} threads{}; {}",
+        duration_ns as f64 / 1e9,
+        opts.hz,
+        profile.on_cpu_samples(),
+        profile.entries.iter().map(|e| e.tid).collect::<std::collections::HashSet<_>>().len(),
+        if opts.off_cpu.is_some() { format!(", {:.3} s off CPU", profile.off_cpu_ns() as f64 / 1e9) } else { String::new() },
+        truncated_stacks(&on_cpu_stacks, opts.off_cpu.is_some().then_some(&off_cpu_stacks)),
+    ));
+    if plan.pool.return_address != 0 {
+        lines.push(format!(
+            "threadpool: {} samples of pool threads carry the span of the request they run ({filled} of the {unread} taken while a GC kept it unreadable took it from a read after the GC or another sample of the same item)",
+            samples.iter().filter(|s| s.threadpool).count()
+        ));
+    }
+    if pool.is_some() {
+        let pool_samples = samples.iter().filter(|s| s.threadpool).count();
+        lines.push(format!(
+            "threadpool: {} work items queued in a span, {} begun on a pool thread with it; {pool_samples} samples of pool threads carry a queued span{}",
+            pool_items.queued_in_span,
+            pool_items.ran_in_span,
+            if between_items > 0 {
+                format!(" ({between_items} more, taken between items, were left without it)")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if target_exited {
+        lines.push(format!(
+            "pid {pid} exited after {:.2} s; the profile covers the run until then",
+            duration_ns as f64 / 1e9
+        ));
+    }
+    let resource = with_pid(resource, pid);
+    let output = output_path(opts)
+        .unwrap_or_else(|| PathBuf::from(format!("profile-{pid}.{}", opts.format.extension())));
+    let mut stdout = None;
+    if opts.format == Format::Top {
+        let text = top::tables(&profile);
+        match &opts.output {
+            Some(path) => {
+                std::fs::write(path, text).map_err(|source| ProfileError::Write {
+                    path: path.clone(),
+                    source,
+                })?;
+                lines.push(format!("wrote {}", path.display()));
+            }
+            None => stdout = Some(text),
+        }
+    } else if opts.format == Format::Jsonl {
+        let mut text = String::new();
+        let mut sorted: Vec<&kernel::Sample> = samples.iter().collect();
+        sorted.sort_by_key(|s| s.time_ns);
+        for s in sorted {
+            text.push_str(&jsonl::line(s, &key_map, &names));
+            text.push('\n');
+        }
+        std::fs::write(&output, text).map_err(|source| ProfileError::Write {
+            path: output.clone(),
+            source,
+        })?;
+        lines.push(format!("wrote {}", output.display()));
+    } else {
+        write(opts, &profile, &resource, &notes, &output, &mut lines)?;
+    }
+    if let Some(endpoint) = &opts.otlp_endpoint {
+        let status = otlp::send(
+            endpoint,
+            &otlp::request(&profile, resource.clone(), opts.span_profiles),
+        )
+        .map_err(ProfileError::from)?;
+        lines.push(format!("sent OTLP profiles to {endpoint}: {status}"));
+    }
+    lines.extend(notes);
+    let own_cpu_ns = own_cpu_ns();
+    lines.push(format!(
+        "the profiler used {:.3} s of CPU: {:.0} µs per sample ({} samples)",
+        own_cpu_ns as f64 / 1e9,
+        own_cpu_ns as f64 / 1e3 / samples.len().max(1) as f64,
+        samples.len()
+    ));
+    if let Some(sig) = otel_thread_ctx_reader::signals::requested() {
+        lines.push(format!("ended by signal {sig}"));
+    }
+    Ok(Report { lines, stdout })
+}
+
+/// The summary's account of user stacks that do not reach their thread's
+/// entry, with what the frame-pointer walk alone would have given.
+fn truncated_stacks(on_cpu: &unwind::Wholeness, off_cpu: Option<&unwind::Wholeness>) -> String {
+    match off_cpu {
+        None => format!(
+            "truncated user stacks: {:.1} % of on-CPU samples (frame pointers alone: {:.1} %)",
+            on_cpu.truncated_percent(),
+            on_cpu.truncated_frame_pointers_percent()
+        ),
+        Some(off) => format!(
+            "truncated user stacks: {:.1} % of on-CPU samples, {:.1} % of off-CPU time (frame pointers alone: {:.1} %, {:.1} %)",
+            on_cpu.truncated_percent(),
+            off.truncated_percent(),
+            on_cpu.truncated_frame_pointers_percent(),
+            off.truncated_frame_pointers_percent()
+        ),
+    }
+}
+
+/// The Resource with `process.pid` added when the process context lacks it.
+pub(crate) fn with_pid(resource: Option<Resource>, pid: i32) -> Resource {
+    let mut r = resource.unwrap_or(Resource {
+        attributes: Vec::new(),
+        dropped_attributes_count: 0,
+    });
+    if !r.attributes.iter().any(|kv| kv.key == "process.pid") {
+        r.attributes
+            .push(KeyValue::new("process.pid", AnyValue::int(pid as i64)));
+    }
+    if !r.attributes.iter().any(|kv| kv.key == "service.name") {
+        // What an SDK without a configured name reports.
+        let name = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .map_or("unknown_service".to_string(), |n| {
+                format!("unknown_service:{n}")
+            });
+        r.attributes
+            .push(KeyValue::new("service.name", AnyValue::string(name)));
+    }
+    r
+}
+
+/// `dir/stem.<trace>.ext` beside the whole-run file.
+fn trace_path(output: &Path, trace_id: &str, ext: &str) -> PathBuf {
+    let name = output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = name.strip_suffix(&format!(".{ext}")).unwrap_or(&name);
+    output.with_file_name(format!("{stem}.{trace_id}.{ext}"))
+}
+
+fn write(
+    opts: &Options,
+    profile: &model::Profile,
+    resource: &Resource,
+    notes: &[String],
+    output: &Path,
+    lines: &mut Vec<String>,
+) -> Result<(), ProfileError> {
+    let save = |path: &Path, bytes: &[u8]| {
+        std::fs::write(path, bytes).map_err(|source| ProfileError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    match opts.format {
+        Format::Pprof => {
+            save(output, &pprof::write(profile, notes))?;
+            lines.push(format!("wrote {}", output.display()));
+        }
+        Format::Otlp => {
+            use otel_thread_ctx_otlp::Message;
+            save(
+                output,
+                &otlp::data(otlp::request(profile, resource.clone(), opts.span_profiles))
+                    .encode_to_vec(),
+            )?;
+            lines.push(format!("wrote {}", output.display()));
+        }
+        Format::Jsonl | Format::Top => unreachable!("written from the raw samples or printed"),
+        Format::Folded | Format::Svg => {
+            let ext = opts.format.extension();
+            let title = format!(
+                "pid {}: {} {}",
+                profile.pid,
+                if profile.off_cpu {
+                    "CPU and off-CPU time"
+                } else {
+                    "CPU"
+                },
+                opts.group_by.title()
+            );
+            let whole = flame::folded(profile, opts.group_by);
+            let subtitle = Some(format!(
+                "{} Hz, {:.1} s; values in microseconds",
+                profile.hz,
+                profile.duration_ns as f64 / 1e9
+            ));
+            let render = |lines: &[String], title: &str| -> Result<Vec<u8>, ProfileError> {
+                if opts.format == Format::Svg {
+                    Ok(flame::svg(lines, title, subtitle.clone())?)
+                } else {
+                    Ok(lines
+                        .iter()
+                        .map(|l| format!("{l}\n"))
+                        .collect::<String>()
+                        .into_bytes())
+                }
+            };
+            save(output, &render(&whole, &title)?)?;
+            lines.push(format!("wrote {}", output.display()));
+            let traces = flame::per_trace(profile, opts.max_traces);
+            for t in &traces {
+                save(
+                    &trace_path(output, &t.trace_id, ext),
+                    &render(&t.lines, &t.title)?,
+                )?;
+            }
+            if !traces.is_empty() {
+                lines.push(format!(
+                    "wrote {} per-trace files beside it ({})",
+                    traces.len(),
+                    trace_path(output, "<trace_id>", ext).display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_trace_files_sit_beside_the_whole_run_file() {
+        assert_eq!(
+            trace_path(Path::new("/o/run.svg"), "ab", "svg"),
+            PathBuf::from("/o/run.ab.svg")
+        );
+        assert_eq!(
+            trace_path(Path::new("run"), "ab", "folded"),
+            PathBuf::from("run.ab.folded")
+        );
+    }
+
+    fn options(format: Format, output: Option<&Path>) -> Options {
+        Options {
+            pid: 7,
+            duration: Duration::from_secs(30),
+            hz: 99,
+            off_cpu: None,
+            format,
+            group_by: flame::GroupBy::default(),
+            output: output.map(Path::to_path_buf),
+            otlp_endpoint: None,
+            max_traces: 20,
+            threadpool: true,
+            threadpool_probes: false,
+            span_profiles: None,
+        }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("otel-thread-ctx-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn an_output_that_cannot_be_written_fails_before_sampling() {
+        let missing = Path::new("/nonexistent/dir/x.pb.gz");
+        let e = check_outputs(&options(Format::Pprof, Some(missing))).unwrap_err();
+        assert!(matches!(e, ProfileError::Output { ref path, .. } if path == missing));
+        let text = e.to_string();
+        assert!(
+            text.contains("/nonexistent/dir/x.pb.gz") && text.contains("No such file or directory"),
+            "{text}"
+        );
+        // A directory, and a directory no one can create files in.
+        let dir = scratch("outputs-dir");
+        assert!(check_outputs(&options(Format::Otlp, Some(&dir))).is_err());
+        assert!(check_outputs(&options(Format::Top, Some(Path::new("/proc/x.txt")))).is_err());
+        assert!(check_outputs(&options(Format::Jsonl, Some(Path::new("/proc/x.jsonl")))).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn per_trace_files_are_checked_too() {
+        let dir = scratch("outputs-trace");
+        // The whole-run name fits; with a trace id added it is too long.
+        let long = dir.join(format!("{}.svg", "a".repeat(240)));
+        for format in [Format::Svg, Format::Folded] {
+            let mut opts = options(format, Some(&long));
+            match check_outputs(&opts).unwrap_err() {
+                ProfileError::Output { path, .. } => {
+                    assert!(path.to_string_lossy().contains(&"0".repeat(32)), "{path:?}")
+                }
+                e => panic!("{e}"),
+            }
+            // No per-trace file is written: nothing more to check.
+            opts.max_traces = 0;
+            check_outputs(&opts).unwrap();
+        }
+        // Other formats write one file.
+        check_outputs(&options(Format::Pprof, Some(&long))).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn checking_leaves_the_file_system_as_it_was() {
+        let dir = scratch("outputs-kept");
+        let new = dir.join("run.svg");
+        check_outputs(&options(Format::Svg, Some(&new))).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        let old = dir.join("old.pb.gz");
+        std::fs::write(&old, b"kept").unwrap();
+        check_outputs(&options(Format::Pprof, Some(&old))).unwrap();
+        assert_eq!(std::fs::read(&old).unwrap(), b"kept");
+        // Top without a file prints to stdout: no path to check.
+        check_outputs(&options(Format::Top, None)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_malformed_otlp_endpoint_fails_before_sampling() {
+        let dir = scratch("outputs-otlp");
+        let mut opts = options(Format::Pprof, Some(&dir.join("run.pb.gz")));
+        opts.otlp_endpoint = Some("grpc://localhost:4317".into());
+        assert!(matches!(
+            check_outputs(&opts),
+            Err(ProfileError::Send(otlp::SendError::NotHttp(_)))
+        ));
+        opts.otlp_endpoint = Some("http://localhost:4318".into());
+        check_outputs(&opts).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_process_that_publishes_nothing_is_said_to_at_the_start() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // Until it has executed sleep, the child is a copy of this test.
+        while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap() != "sleep\n" {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let target = Target::open(pid);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let note = no_context_note(pid, &target.unwrap()).expect("a note");
+        assert!(
+            note.contains(&format!("pid {pid} publishes no thread context")),
+            "{note}"
+        );
+        assert!(note.contains("otel_thread_ctx_v1") && note.contains("otel_thread_ctx_nodejs_v1"));
+        assert!(
+            note.contains("no sample will carry a trace or span"),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn the_resource_names_the_process() {
+        let r = with_pid(None, 7);
+        assert_eq!(r.attributes[0].key, "process.pid");
+        assert_eq!(r.attributes[1].key, "service.name");
+        let given = Resource {
+            attributes: vec![
+                KeyValue::new("process.pid", AnyValue::int(1)),
+                KeyValue::new("service.name", AnyValue::string("checkout")),
+            ],
+            dropped_attributes_count: 0,
+        };
+        assert_eq!(with_pid(Some(given), 7).attributes.len(), 2);
+        // A process that names no service is named after its executable.
+        let own = with_pid(None, std::process::id() as i32);
+        let name = format!("{:?}", own.attributes[1].value);
+        assert!(name.contains("unknown_service:"), "{name}");
+    }
+}

@@ -1,0 +1,25 @@
+//! Samples the threads of one or more processes in the kernel with eBPF,
+//! each sample tagged with the trace and span its thread was running, and
+//! turns the samples into a profile.
+//!
+//! The BPF program (`bpf/`, built by build.rs when clang and libbpf's
+//! headers are there) reads each sampled thread's context the way
+//! [`otel_thread_ctx_reader`] resolved it for the process ([`plan`]);
+//! [`loader`] loads and attaches it, [`kernel`] decodes what it sends,
+//! [`unwind`] completes user stacks where frame pointers end, [`symbolize`]
+//! names the frames (with [`perf_map`] for JIT code), [`threadpool`]
+//! attributes libuv pool work to the span that queued it, and [`model`]
+//! builds the profile the output formats write.
+
+pub mod error;
+pub mod kernel;
+pub mod loader;
+pub mod model;
+pub mod perf_map;
+pub mod plan;
+pub mod symbolize;
+pub mod system;
+pub mod threadpool;
+pub mod unwind;
+
+pub use error::{check, SamplerError};

@@ -1,0 +1,278 @@
+//! Names the addresses of the samples' stacks.
+//!
+//! User addresses are tied to a mapping as they arrive, while the process is
+//! alive (a process that exits mid-profile takes its maps with it), and named
+//! at the end: file-backed ones from the file's ELF symbols (blazesym),
+//! anonymous ones (JIT code) from V8's perf map, kernel ones from kallsyms.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+use blazesym::MaybeDefault;
+
+use crate::perf_map;
+use otel_thread_ctx_reader::maps::{self, Mapping};
+
+/// A stack frame's name and the module it is in.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub name: String,
+    /// The file, `[kernel]`, `[jit]` (perf map code) or `[anon]`.
+    pub module: String,
+}
+
+#[derive(Clone, Debug)]
+enum Place {
+    File { path: String, offset: u64 },
+    Anonymous,
+    Special(String),
+    Unmapped,
+}
+
+/// Collects addresses during the run; names them in [`Collector::finish`].
+pub struct Collector {
+    pid: i32,
+    maps: Vec<Mapping>,
+    refreshed: Instant,
+    user: HashMap<u64, Place>,
+    kernel: HashSet<u64>,
+}
+
+/// How often the maps may be re-read for an address no mapping covers.
+const REFRESH_EVERY: Duration = Duration::from_millis(200);
+
+impl Collector {
+    pub fn new(pid: i32, maps: Vec<Mapping>) -> Collector {
+        Collector {
+            pid,
+            maps,
+            refreshed: Instant::now(),
+            user: HashMap::new(),
+            kernel: HashSet::new(),
+        }
+    }
+
+    /// Records a user-space address to name later (a lookup address: return
+    /// addresses already moved back into their call instruction).
+    pub fn user(&mut self, addr: u64) {
+        if self.user.contains_key(&addr) {
+            return;
+        }
+        let mut place = place_of(&self.maps, addr);
+        if matches!(place, Place::Unmapped) && self.refreshed.elapsed() >= REFRESH_EVERY {
+            if let Ok(m) = maps::read(self.pid) {
+                if !m.is_empty() {
+                    self.maps = m;
+                }
+            }
+            self.refreshed = Instant::now();
+            place = place_of(&self.maps, addr);
+        }
+        self.user.insert(addr, place);
+    }
+
+    pub fn kernel(&mut self, addr: u64) {
+        self.kernel.insert(addr);
+    }
+
+    /// Names every address seen.
+    pub fn finish(self) -> Names {
+        self.finish_with(&Symbolizer::new())
+    }
+
+    /// Names every address seen with `symbolizer`, which keeps what it
+    /// parsed (ELF symbol tables, kallsyms) for the next call: the agent
+    /// names every interval with one.
+    pub fn finish_with(self, symbolizer: &Symbolizer) -> Names {
+        let mut names = Names::default();
+        let mut by_file: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
+        let mut anonymous = Vec::new();
+        for (&addr, place) in &self.user {
+            match place {
+                Place::File { path, offset } => {
+                    by_file.entry(path).or_default().push((addr, *offset))
+                }
+                Place::Anonymous => anonymous.push(addr),
+                Place::Special(name) => {
+                    names.user.insert(
+                        addr,
+                        Frame {
+                            name: name.clone(),
+                            module: name.clone(),
+                        },
+                    );
+                }
+                Place::Unmapped => {
+                    names.user.insert(
+                        addr,
+                        Frame {
+                            name: format!("[unknown] {addr:#x}"),
+                            module: "[unknown]".into(),
+                        },
+                    );
+                }
+            }
+        }
+        for (path, addrs) in by_file {
+            let offsets: Vec<u64> = addrs.iter().map(|&(_, o)| o).collect();
+            let mut elf = Elf::new(path);
+            elf.debug_syms = false;
+            let src = Source::Elf(elf);
+            let results = symbolizer
+                .symbolize(&src, Input::FileOffset(&offsets))
+                .unwrap_or_default();
+            let base = Path::new(path)
+                .file_name()
+                .map_or(path.to_string(), |f| f.to_string_lossy().into_owned());
+            for (i, &(addr, offset)) in addrs.iter().enumerate() {
+                let name = match results.get(i) {
+                    Some(Symbolized::Sym(sym)) => sym.name.to_string(),
+                    _ => format!("[{base}+{offset:#x}]"),
+                };
+                names.user.insert(
+                    addr,
+                    Frame {
+                        name,
+                        module: path.to_string(),
+                    },
+                );
+            }
+        }
+        let map_path = perf_map::path(self.pid);
+        match std::fs::read_to_string(&map_path) {
+            Ok(text) => {
+                names.perf_map = Some(map_path.to_string_lossy().into_owned());
+                let entries = perf_map::parse(&text);
+                let found = perf_map::resolve(&entries, &anonymous);
+                for &addr in &anonymous {
+                    let frame = match found.get(&addr) {
+                        Some(name) => Frame {
+                            name: name.to_string(),
+                            module: "[jit]".into(),
+                        },
+                        None => Frame {
+                            name: format!("[anon] {addr:#x}"),
+                            module: "[anon]".into(),
+                        },
+                    };
+                    names.user.insert(addr, frame);
+                }
+            }
+            Err(_) => {
+                for &addr in &anonymous {
+                    names.user.insert(
+                        addr,
+                        Frame {
+                            name: "[unnamed JIT code]".into(),
+                            module: "[anon]".into(),
+                        },
+                    );
+                }
+            }
+        }
+        names.anonymous_frames = anonymous.len();
+        let kernel: Vec<u64> = self.kernel.into_iter().collect();
+        if !kernel.is_empty() {
+            let src = Source::Kernel(Kernel {
+                kallsyms: MaybeDefault::Default,
+                vmlinux: MaybeDefault::None,
+                debug_syms: false,
+                ..Default::default()
+            });
+            let results = symbolizer
+                .symbolize(&src, Input::AbsAddr(&kernel))
+                .unwrap_or_default();
+            for (i, &addr) in kernel.iter().enumerate() {
+                let name = match results.get(i) {
+                    Some(Symbolized::Sym(sym)) => sym.name.to_string(),
+                    _ => format!("[kernel] {addr:#x}"),
+                };
+                names.kernel.insert(
+                    addr,
+                    Frame {
+                        name,
+                        module: "[kernel]".into(),
+                    },
+                );
+            }
+        }
+        names
+    }
+}
+
+fn place_of(maps: &[Mapping], addr: u64) -> Place {
+    let Some(m) = maps.iter().find(|m| m.start <= addr && addr < m.end) else {
+        return Place::Unmapped;
+    };
+    if m.is_file_backed() {
+        Place::File {
+            path: m.name().to_string(),
+            offset: addr - m.start + m.offset,
+        }
+    } else if m.path.starts_with('[') && !m.path.starts_with("[anon") {
+        // [vdso], [vsyscall], [stack], [heap]
+        Place::Special(m.path.clone())
+    } else {
+        Place::Anonymous
+    }
+}
+
+/// Names of the addresses a run saw.
+#[derive(Debug, Default)]
+pub struct Names {
+    pub user: HashMap<u64, Frame>,
+    pub kernel: HashMap<u64, Frame>,
+    /// The perf map read, if one existed.
+    pub perf_map: Option<String>,
+    /// Distinct addresses in anonymous (JIT) memory.
+    pub anonymous_frames: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(start: u64, end: u64, offset: u64, inode: u64, path: &str) -> Mapping {
+        Mapping {
+            start,
+            end,
+            perms: "r-xp".into(),
+            offset,
+            inode,
+            path: path.into(),
+        }
+    }
+
+    #[test]
+    fn addresses_are_tied_to_their_mapping() {
+        let maps = vec![
+            mapping(0x1000, 0x3000, 0x2000, 5, "/usr/bin/node"),
+            mapping(0x4000, 0x5000, 0, 0, ""),
+            mapping(0x6000, 0x7000, 0, 0, "[vdso]"),
+        ];
+        assert!(
+            matches!(place_of(&maps, 0x1010), Place::File { ref path, offset: 0x2010 } if path == "/usr/bin/node")
+        );
+        assert!(matches!(place_of(&maps, 0x4100), Place::Anonymous));
+        assert!(matches!(place_of(&maps, 0x6100), Place::Special(ref s) if s == "[vdso]"));
+        assert!(matches!(place_of(&maps, 0x9000), Place::Unmapped));
+    }
+
+    #[test]
+    fn own_executable_symbols_are_found() {
+        // This test binary's own code, named through its ELF symbols.
+        let me = maps::read(std::process::id() as i32).unwrap();
+        let addr = own_executable_symbols_are_found as *const () as usize as u64;
+        let mut c = Collector::new(std::process::id() as i32, me);
+        c.user(addr);
+        let names = c.finish();
+        let frame = &names.user[&addr];
+        assert!(
+            frame.name.contains("own_executable_symbols_are_found"),
+            "{frame:?}"
+        );
+    }
+}
