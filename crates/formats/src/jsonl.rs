@@ -3,8 +3,8 @@
 use serde_json::{json, Map, Value};
 
 use otel_thread_ctx_profiler::kernel::{Kind, RecordRead, Sample};
-use otel_thread_ctx_profiler::model::named_attributes;
-use otel_thread_ctx_profiler::symbolize::Names;
+use otel_thread_ctx_profiler::model::{kernel_frames, named_attributes, user_frames};
+use otel_thread_ctx_profiler::symbolize::{Frame, Names};
 
 /// The system call a kernel stack is in, from its `__x64_sys_<name>` frame,
 /// or its `ksys_<name>` frame: `read`, `write`, `pread64` and others enter
@@ -22,7 +22,8 @@ fn syscall(s: &Sample, names: &Names) -> Option<String> {
 
 /// The line of one sample. `t_ns` is CLOCK_MONOTONIC (on CPU: the tick;
 /// off CPU: the switch-out, and `off_cpu_ns` later the thread ran again);
-/// `syscall` names the system call the thread was in, when it was in one.
+/// `syscall` names the system call the thread was in, when it was in one;
+/// `kernel_stack` and `user_stack` name the frames, leaf first.
 pub fn line(s: &Sample, key_map: &[String], names: &Names) -> String {
     let mut o = Map::new();
     o.insert(
@@ -41,6 +42,10 @@ pub fn line(s: &Sample, key_map: &[String], names: &Names) -> String {
     if let Some(call) = syscall(s, names) {
         o.insert("syscall".into(), json!(call));
     }
+    let named =
+        |frames: Vec<Frame>| -> Vec<String> { frames.into_iter().map(|f| f.name).collect() };
+    o.insert("kernel_stack".into(), json!(named(kernel_frames(s, names))));
+    o.insert("user_stack".into(), json!(named(user_frames(s, names))));
     let status = match &s.record {
         RecordRead::Record { .. } => "read",
         RecordRead::Null => "null",
@@ -117,6 +122,33 @@ mod tests {
         );
         assert_eq!(v["record"], "null");
         assert!(v.get("span_id").is_none());
+    }
+
+    #[test]
+    fn kernel_and_user_frames_are_named_leaf_first() {
+        // A user return address is looked up one byte before it (the call).
+        let mut s = sample(
+            Kind::OffCpu,
+            3,
+            RecordRead::Null,
+            &[0x1000, 0x2001, 0x3000],
+            42,
+        );
+        s.kernel_stack = vec![0x10, 0x20];
+        let mut names = Names::default();
+        let frame = |name: &str, module: &str| otel_thread_ctx_profiler::symbolize::Frame {
+            name: name.into(),
+            module: module.into(),
+        };
+        names
+            .kernel
+            .insert(0x10, frame("bpf_trace_run2", "[kernel]"));
+        names.kernel.insert(0x20, frame("schedule", "[kernel]"));
+        names.user.insert(0x1000, frame("uv_cond_wait", "node"));
+        names.user.insert(0x2000, frame("worker", "node"));
+        let v: Value = serde_json::from_str(&line(&s, &[], &names)).unwrap();
+        assert_eq!(v["kernel_stack"], json!(["schedule"]));
+        assert_eq!(v["user_stack"], json!(["uv_cond_wait", "worker", "0x2fff"]));
     }
 
     #[test]

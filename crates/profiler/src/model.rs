@@ -202,6 +202,55 @@ pub fn lookup_address(index: usize, addr: u64) -> u64 {
     }
 }
 
+/// Where no module names an address: `0x...` in `[unknown]`.
+fn unknown_frame(addr: u64) -> Frame {
+    Frame {
+        name: format!("{addr:#x}"),
+        module: "[unknown]".into(),
+    }
+}
+
+/// The kernel frames of sample `s`, leaf first, without the profiler's own
+/// program and the tracepoint's dispatch.
+pub fn kernel_frames(s: &Sample, names: &Names) -> Vec<Frame> {
+    let mut frames: Vec<Frame> = s
+        .kernel_stack
+        .iter()
+        .map(|a| {
+            names
+                .kernel
+                .get(a)
+                .cloned()
+                .unwrap_or_else(|| unknown_frame(*a))
+        })
+        .collect();
+    // A stack taken inside the sched_switch tracepoint starts with the
+    // profiler's own program and the tracepoint's dispatch: not the target's.
+    if let Some(i) = frames
+        .iter()
+        .position(|f| f.name.starts_with("bpf_trace_run"))
+    {
+        frames.drain(..=i);
+    }
+    frames
+}
+
+/// The user frames of sample `s`, leaf first.
+pub fn user_frames(s: &Sample, names: &Names) -> Vec<Frame> {
+    s.user_stack
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| {
+            let a = lookup_address(i, a);
+            names
+                .user
+                .get(&a)
+                .cloned()
+                .unwrap_or_else(|| unknown_frame(a))
+        })
+        .collect()
+}
+
 #[derive(PartialEq, Eq, Hash)]
 struct Key {
     kind: u8,
@@ -242,27 +291,8 @@ pub fn build(
             (Kind::OffCpu, true) => State::Blocked,
             (Kind::OffCpu, false) => State::Idle,
         };
-        let unknown = |addr: u64| Frame {
-            name: format!("{addr:#x}"),
-            module: "[unknown]".into(),
-        };
-        let mut frames: Vec<Frame> = s
-            .kernel_stack
-            .iter()
-            .map(|a| names.kernel.get(a).cloned().unwrap_or_else(|| unknown(*a)))
-            .collect();
-        // A stack taken inside the sched_switch tracepoint starts with the
-        // profiler's own program and the tracepoint's dispatch: not the target's.
-        if let Some(i) = frames
-            .iter()
-            .position(|f| f.name.starts_with("bpf_trace_run"))
-        {
-            frames.drain(..=i);
-        }
-        frames.extend(s.user_stack.iter().enumerate().map(|(i, &a)| {
-            let a = lookup_address(i, a);
-            names.user.get(&a).cloned().unwrap_or_else(|| unknown(a))
-        }));
+        let mut frames = kernel_frames(s, names);
+        frames.extend(user_frames(s, names));
         let value = match s.kind {
             Kind::OnCpu => profile.period_ns,
             Kind::OffCpu => s.off_cpu_ns,
