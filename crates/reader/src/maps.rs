@@ -69,9 +69,17 @@ fn parse_line(line: &str) -> Option<Mapping> {
         rest = &rest[end..];
     }
     let (start, end) = fields[0].split_once('-')?;
+    let (start, end) = (
+        u64::from_str_radix(start, 16).ok()?,
+        u64::from_str_radix(end, 16).ok()?,
+    );
+    // A range that ends before it starts is no mapping.
+    if end < start {
+        return None;
+    }
     Some(Mapping {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
+        start,
+        end,
         perms: fields[1].to_string(),
         offset: u64::from_str_radix(fields[2], 16).ok()?,
         inode: fields[4].parse().ok()?,
@@ -92,6 +100,7 @@ mod tests {
 7f0000004000-7f0000005000 rw-p 00000000 00:00 0 
 7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0                          [vdso]
 garbage
+7f0000009000-7f0000008000 rw-p 00000000 00:00 0 ends before it starts
 ";
         let maps = parse(text);
         assert_eq!(maps.len(), 5);

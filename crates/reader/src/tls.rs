@@ -319,8 +319,10 @@ pub fn locate(plan: &Plan, tp: u64, mem: &dyn Memory, abi: &Abi) -> Result<Locat
     match *plan {
         Plan::Static { tp_offset } => Ok(Location::At(tp.wrapping_add(tp_offset as u64))),
         Plan::Dtv { module_id, offset } => {
+            // The thread pointer and the DTV are the target's words: any
+            // value, so addresses wrap instead of overflowing.
             let dtv = mem
-                .read_u64(tp + abi.dtv_pointer_offset)
+                .read_u64(tp.wrapping_add(abi.dtv_pointer_offset))
                 .map_err(TlsError::DtvPointer)?;
             if dtv == 0 {
                 return Err(TlsError::NoDtv);
@@ -338,7 +340,7 @@ pub fn locate(plan: &Plan, tp: u64, mem: &dyn Memory, abi: &Abi) -> Result<Locat
                 )));
             }
             let block = mem
-                .read_u64(dtv + module_id * DTV_ENTRY_SIZE)
+                .read_u64(dtv.wrapping_add(module_id * DTV_ENTRY_SIZE))
                 .map_err(TlsError::DtvEntry)?;
             if block == DTV_UNALLOCATED || block == 0 {
                 return Ok(Location::Unallocated(format!(
