@@ -81,15 +81,38 @@ pub fn resolve<'e>(entries: &'e [Entry], addrs: &[u64]) -> HashMap<u64, &'e str>
     sorted.sort_unstable();
     sorted.dedup();
     let mut out = HashMap::new();
-    // In file order: a later entry overwrites what an earlier one said.
-    for e in entries {
+    // A later entry overwrites what an earlier one said (V8 reuses code
+    // memory), so entries are taken from the last, and each address is
+    // named once: `next` skips the addresses already named, so a map of
+    // many overlapping entries (the target writes it) costs entries plus
+    // addresses, not their product.
+    let mut next: Vec<usize> = (0..=sorted.len()).collect();
+    for e in entries.iter().rev() {
         let end = e.start.saturating_add(e.size);
-        let first = sorted.partition_point(|&a| a < e.start);
-        for &a in sorted[first..].iter().take_while(|&&a| a < end) {
-            out.insert(a, e.name.as_str());
+        let mut i = first_unnamed(&mut next, sorted.partition_point(|&a| a < e.start));
+        while i < sorted.len() && sorted[i] < end {
+            out.insert(sorted[i], e.name.as_str());
+            next[i] = i + 1;
+            i = first_unnamed(&mut next, i + 1);
         }
     }
     out
+}
+
+/// The first index at or after `i` whose address is not named yet,
+/// shortening the links walked on the way.
+fn first_unnamed(next: &mut [usize], i: usize) -> usize {
+    let mut root = i;
+    while next[root] != root {
+        root = next[root];
+    }
+    let mut at = i;
+    while next[at] != root {
+        let following = next[at];
+        next[at] = root;
+        at = following;
+    }
+    root
 }
 
 #[cfg(test)]
