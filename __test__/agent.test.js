@@ -279,6 +279,52 @@ test('agent: OTLP/gRPC and OTLP/HTTP to a real Collector, which goes away and co
   });
 });
 
+test('agent: SIGTERM ends it promptly whatever the receiver does, counting what it did not send', { skip: skip ?? false }, async (t) => {
+  const service = await startService(t, 'agent-shutdown', 'record');
+  // A TCP server that accepts connections and reads, but never answers.
+  const sockets = new Set();
+  let received = 0;
+  const silent = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on('data', (chunk) => (received += chunk.length));
+    socket.on('error', () => {});
+  });
+  await new Promise((resolve) => silent.listen(0, '127.0.0.1', resolve));
+  t.after(() => {
+    for (const s of sockets) s.destroy();
+    silent.close();
+  });
+  const silentPort = silent.address().port;
+  const cases = [
+    { what: 'nothing listens (OTLP/gRPC)', endpoint: `grpc://127.0.0.1:${await freePort()}`, ready: (agent) => agent.waitFor(/exporter: .*failed attempts/, 'a failed export') },
+    { what: 'the receiver never answers (OTLP/HTTP)', endpoint: `http://127.0.0.1:${silentPort}`, silent: true },
+    { what: 'the receiver never answers (OTLP/gRPC)', endpoint: `grpc://127.0.0.1:${silentPort}`, silent: true },
+  ];
+  for (const c of cases) {
+    await t.test(c.what, async () => {
+      const before = received;
+      const agent = startAgent(t, ['--interval', '1', '--otlp-endpoint', c.endpoint, '--pid', String(service.ids.pid)]);
+      await agent.waitFor(new RegExp(`profiling pid ${service.ids.pid} `), 'the service profiled');
+      if (c.silent) await until('an export sent to the silent receiver', () => received > before, { timeoutMs: 60000 });
+      else await c.ready(agent);
+      const start = process.hrtime.bigint();
+      agent.child.kill('SIGTERM');
+      const code = await exited(agent.child, 30000);
+      const ms = Number(process.hrtime.bigint() - start) / 1e6;
+      t.diagnostic(`${c.what}: exited ${ms.toFixed(0)} ms after SIGTERM`);
+      const log = agent.lines.join('\n');
+      assert.strictEqual(code, 0, log);
+      // The agent bounds its shutdown at 2 s; a generous bound here, for a busy machine.
+      assert.ok(ms < 5000, `exited ${ms.toFixed(0)} ms after SIGTERM:\n${log}`);
+      const summary = /exporter: (\d+) sent, \d+ failed attempts, \d+ given up, \d+ dropped from a full queue, (\d+) unsent at the shutdown deadline/.exec(log);
+      assert.ok(summary, log);
+      assert.strictEqual(Number(summary[1]), 0, log);
+      assert.ok(Number(summary[2]) >= 1, `nothing counted as unsent:\n${log}`);
+      assert.match(log, /ended by signal 15/);
+    });
+  }
+});
+
 test('agent: bad flags are usage errors', { skip: READER === null ? 'the reader is not built' : false }, () => {
   for (const [args, re] of [
     [['--interval', '0'], /--interval/],

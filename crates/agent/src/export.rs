@@ -3,7 +3,9 @@
 //! tonic, OTLP/HTTP (protobuf) with hyper. Each request has a timeout; a
 //! failure the receiver may recover from is retried with exponential
 //! backoff; exports waiting meanwhile sit in a bounded queue that drops the
-//! oldest. Sampling never waits for any of it.
+//! oldest. Sampling never waits for any of it. At shutdown the exporter
+//! is given a deadline: what is not sent by then (in flight, being retried
+//! or queued) is counted as unsent and the exporter stops.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -92,6 +94,9 @@ pub struct Stats {
     pub failed_attempts: AtomicU64,
     /// Exports given up after their retries, or refused for good.
     pub abandoned: AtomicU64,
+    /// Exports in flight, being retried or queued when the shutdown
+    /// deadline passed.
+    pub unsent: AtomicU64,
     pub last_error: Mutex<Option<String>>,
 }
 
@@ -108,13 +113,16 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How long one export is retried before it is given up.
 const RETRY_FOR: Duration = Duration::from_secs(60);
-/// How long the exporter keeps sending after the agent was asked to stop.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long [`Exporter::finish`] waits past the deadline for the exporter's
+/// thread to notice it (it stops within a few milliseconds of it).
+const JOIN_SLACK: Duration = Duration::from_millis(200);
 
 /// The exporter thread and its queue.
 pub struct Exporter {
     pub queue: Arc<Queue<ExportProfilesServiceRequest>>,
     pub stats: Arc<Stats>,
+    /// The shutdown deadline, once there is one.
+    deadline: tokio::sync::watch::Sender<Option<Instant>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -125,26 +133,59 @@ impl Exporter {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        let (deadline, deadline_rx) = tokio::sync::watch::channel(None);
         let thread = {
             let (queue, stats) = (queue.clone(), stats.clone());
             std::thread::Builder::new()
                 .name("otlp-export".into())
-                .spawn(move || runtime.block_on(run(endpoint, queue, stats)))?
+                .spawn(move || {
+                    runtime.block_on(run(endpoint, queue, stats, deadline_rx));
+                    // Nothing left to wait for: a name resolution still
+                    // running on the blocking pool is not waited for.
+                    runtime.shutdown_background();
+                })?
         };
         Ok(Exporter {
             queue,
             stats,
+            deadline,
             thread: Some(thread),
         })
     }
 
-    /// Sends what is queued (for a few seconds at most), then stops.
-    pub fn finish(mut self) {
+    /// Sends what is queued until `deadline`, then stops: what is not sent
+    /// by then is counted in [`Stats::unsent`]. Returns `false` when the
+    /// exporter's thread had not stopped shortly after the deadline (it is
+    /// left behind; the counts may then miss the exports it held).
+    pub fn finish(mut self, deadline: Instant) -> bool {
+        self.deadline.send_replace(Some(deadline));
         self.queue.close();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        let Some(t) = self.thread.take() else {
+            return true;
+        };
+        while !t.is_finished() {
+            if Instant::now() >= deadline + JOIN_SLACK {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
+        let _ = t.join();
+        true
     }
+}
+
+/// Resolves once a shutdown deadline was set and has passed.
+async fn deadline_passed(mut deadline: tokio::sync::watch::Receiver<Option<Instant>>) {
+    let at = loop {
+        if let Some(at) = *deadline.borrow_and_update() {
+            break at;
+        }
+        if deadline.changed().await.is_err() {
+            // The exporter was dropped without a deadline: none comes.
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
 }
 
 /// The connections, made once and reused (both reconnect on their own).
@@ -157,6 +198,7 @@ async fn run(
     endpoint: Endpoint,
     queue: Arc<Queue<ExportProfilesServiceRequest>>,
     stats: Arc<Stats>,
+    deadline: tokio::sync::watch::Receiver<Option<Instant>>,
 ) {
     let client = match endpoint.protocol {
         Protocol::Grpc => match tonic::transport::Endpoint::from_shared(endpoint.url.clone()) {
@@ -180,8 +222,11 @@ async fn run(
             )
         }
     };
-    let mut closed_at: Option<Instant> = None;
     loop {
+        if deadline.borrow().is_some_and(|at| Instant::now() >= at) {
+            count_unsent(&queue, &stats, 0);
+            return;
+        }
         // Waited for off the runtime's thread: the connections' tasks keep
         // running meanwhile.
         let waiting = queue.clone();
@@ -189,46 +234,72 @@ async fn run(
             .await
             .ok()
             .flatten();
-        if queue.is_closed() && closed_at.is_none() {
-            closed_at = Some(Instant::now());
-        }
-        let past_grace =
-            |closed_at: Option<Instant>| closed_at.is_some_and(|t| t.elapsed() >= SHUTDOWN_GRACE);
         let Some(request) = item else {
-            if queue.is_closed() {
+            if queue.is_closed() && queue.is_empty() {
                 return;
             }
             continue;
         };
-        let first = Instant::now();
-        let mut backoff = FIRST_BACKOFF;
-        loop {
-            match attempt(&client, &request).await {
-                Ok(()) => {
-                    stats.sent.fetch_add(1, Ordering::Relaxed);
-                    break;
-                }
-                Err(f) => {
-                    stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
-                    *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(f.text);
-                    if queue.is_closed() && closed_at.is_none() {
-                        closed_at = Some(Instant::now());
-                    }
-                    if !f.retryable || first.elapsed() >= RETRY_FOR || past_grace(closed_at) {
-                        stats.abandoned.fetch_add(1, Ordering::Relaxed);
-                        break;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-            }
-        }
-        if past_grace(closed_at) {
-            // Whatever is still queued is not sent.
-            while queue.pop(Duration::ZERO).is_some() {
-                stats.abandoned.fetch_add(1, Ordering::Relaxed);
-            }
+        if !before_deadline(send(&client, &request, &stats), deadline.clone()).await {
+            count_unsent(&queue, &stats, 1);
             return;
+        }
+    }
+}
+
+/// Runs `work` to its end, or until the shutdown deadline passes (it is then
+/// dropped, cancelling an attempt in flight): `false` in the latter case.
+async fn before_deadline(
+    work: impl std::future::Future<Output = ()>,
+    deadline: tokio::sync::watch::Receiver<Option<Instant>>,
+) -> bool {
+    use std::future::Future;
+    use std::task::Poll;
+    let mut work = std::pin::pin!(work);
+    let mut passed = std::pin::pin!(deadline_passed(deadline));
+    std::future::poll_fn(|cx| {
+        if work.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(true);
+        }
+        if passed.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(false);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// At the deadline: `in_hand` exports being sent, and every one queued, are
+/// not sent.
+fn count_unsent(queue: &Queue<ExportProfilesServiceRequest>, stats: &Stats, in_hand: u64) {
+    let mut unsent = in_hand;
+    while queue.pop(Duration::ZERO).is_some() {
+        unsent += 1;
+    }
+    stats.unsent.fetch_add(unsent, Ordering::Relaxed);
+}
+
+/// Sends one export, retrying with backoff what may succeed later, until it
+/// is sent or given up.
+async fn send(client: &Connection, request: &ExportProfilesServiceRequest, stats: &Stats) {
+    let first = Instant::now();
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        match attempt(client, request).await {
+            Ok(()) => {
+                stats.sent.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Err(f) => {
+                stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
+                *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(f.text);
+                if !f.retryable || first.elapsed() >= RETRY_FOR {
+                    stats.abandoned.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
         }
     }
 }
@@ -394,5 +465,23 @@ mod tests {
         };
         let f = partial_success(rejected).unwrap_err();
         assert!(!f.retryable && f.text.contains("rejected 2"));
+    }
+
+    #[test]
+    fn finish_stops_at_the_deadline_and_counts_what_was_not_sent() {
+        // A receiver that accepts connections and never answers.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let _held: Vec<_> = listener.incoming().collect();
+        });
+        let exporter = Exporter::start(parse_endpoint(&url, None).unwrap(), 4).unwrap();
+        let stats = exporter.stats.clone();
+        exporter.queue.push(ExportProfilesServiceRequest::default());
+        exporter.queue.push(ExportProfilesServiceRequest::default());
+        assert!(exporter.finish(Instant::now() + Duration::from_millis(300)));
+        assert_eq!(stats.sent.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.abandoned.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.unsent.load(Ordering::Relaxed), 2);
     }
 }

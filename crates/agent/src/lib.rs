@@ -10,6 +10,10 @@
 //! - scanning: looks through /proc every [`SCAN_EVERY`];
 //! - building: names frames and builds each export, writes the file;
 //! - exporting: sends, retries, drops the oldest when the receiver is away.
+//!
+//! At SIGINT/SIGTERM the last interval is cut, and building and sending it
+//! (and what still waits) get [`SHUTDOWN_WITHIN`]: whatever the receiver
+//! does, the agent exits soon after, counting what it did not send.
 
 pub mod export;
 pub mod files;
@@ -34,6 +38,11 @@ const QUEUE_CAPACITY: usize = 16;
 const JOBS_WAITING: usize = 2;
 /// Processes profiled at once at most (the program's `targets` entries).
 const MAX_PROCESSES: u32 = 4096;
+/// From the moment a SIGINT/SIGTERM is noticed, how long the last export
+/// may take to be built and sent: what is not sent by then is counted as
+/// unsent, and the agent exits. With the signal noticed within a poll
+/// (100 ms) and the teardown, the agent exits within 2 s of the signal.
+pub const SHUTDOWN_WITHIN: Duration = Duration::from_millis(1500);
 
 pub struct Options {
     pub interval: Duration,
@@ -95,6 +104,16 @@ pub fn run(opts: &Options) -> Result<Vec<String>, AgentError> {
 struct Job {
     intervals: Vec<profiled::Interval>,
     window: request::Window,
+}
+
+/// What the building thread has done, shared with the sampling thread so
+/// that a build still running at the shutdown deadline is given up whole.
+#[derive(Default)]
+struct Built {
+    /// Jobs taken and done (built and handed on, or found empty).
+    done: u64,
+    /// Set at the shutdown deadline: a build that ends later is dropped.
+    given_up: bool,
 }
 
 fn sample(
@@ -164,8 +183,10 @@ fn sample(
         span_profiles: opts.span_profiles,
     };
     let queue = exporter.as_ref().map(|e| e.queue.clone());
+    let built = Arc::new(std::sync::Mutex::new(Built::default()));
     let builder = {
         let exports = exports.clone();
+        let built = built.clone();
         std::thread::Builder::new()
             .name("build".into())
             .spawn(move || {
@@ -174,13 +195,19 @@ fn sample(
                 let symbolizer = blazesym::symbolize::Symbolizer::new();
                 for job in jobs {
                     let processes = job.intervals.len();
-                    let Some(req) = request::build(
+                    let req = request::build(
                         job.intervals,
                         job.window,
                         settings,
                         &host_name,
                         &symbolizer,
-                    ) else {
+                    );
+                    let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+                    if built.given_up {
+                        return;
+                    }
+                    built.done += 1;
+                    let Some(req) = req else {
                         continue;
                     };
                     exports.fetch_add(1, Ordering::Relaxed);
@@ -216,8 +243,13 @@ fn sample(
     let mut unattributed: u64 = 0;
     let mut seen_processes: u64 = 0;
     let mut skipped_exports: u64 = 0;
+    let mut jobs_sent: u64 = 0;
+    let mut deadline: Option<Instant> = None;
     loop {
         let ending = otel_thread_ctx_reader::signals::requested().is_some();
+        if ending {
+            deadline = Some(Instant::now() + SHUTDOWN_WITHIN);
+        }
         for change in changes.try_iter() {
             match change {
                 processes::Change::Added(found) => {
@@ -283,12 +315,12 @@ fn sample(
             last_export = Instant::now();
             if !intervals.is_empty() {
                 let job = Job { intervals, window };
-                if ending {
-                    // The last one waits for the builder.
-                    let _ = jobs_tx.send(job);
-                } else if let Err(mpsc::TrySendError::Full(_)) = jobs_tx.try_send(job) {
-                    skipped_exports += 1;
-                    log("building exports is behind: this interval's samples are dropped");
+                match jobs_tx.try_send(job) {
+                    Ok(()) => jobs_sent += 1,
+                    Err(_) => {
+                        skipped_exports += 1;
+                        log("building exports is behind: this interval's samples are dropped");
+                    }
                 }
             }
             if let Some(e) = &exporter {
@@ -299,15 +331,28 @@ fn sample(
             break;
         }
     }
+    let deadline = deadline.unwrap_or_else(|| Instant::now() + SHUTDOWN_WITHIN);
     let lost = loaded.lost();
     drop(loaded);
     stop.store(true, Ordering::Relaxed);
     drop(jobs_tx);
-    let _ = builder.join();
+    // The builder ends once the jobs sent are done, or is given up at the
+    // deadline (left to the process's exit).
+    while !builder.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let unbuilt = {
+        let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+        built.given_up = true;
+        jobs_sent - built.done
+    };
+    if builder.is_finished() {
+        let _ = builder.join();
+    }
     drop(changes);
     let _ = scanner.join();
     let mut lines = vec![format!(
-        "profiled {seen_processes} processes: {samples_total} samples ({unattributed} from processes no longer tracked), {} exports ({skipped_exports} skipped: building was behind)",
+        "profiled {seen_processes} processes: {samples_total} samples ({unattributed} from processes no longer tracked), {} exports ({skipped_exports} skipped: building was behind; {unbuilt} not built by the shutdown deadline)",
         exports.load(Ordering::Relaxed)
     )];
     if lost.ring_full + lost.blocked_table_full > 0 {
@@ -319,14 +364,21 @@ fn sample(
     if let Some(e) = exporter {
         let stats = e.stats.clone();
         let queue = e.queue.clone();
-        e.finish();
+        let stopped = e.finish(deadline);
         lines.push(format!(
-            "exporter: {} sent, {} failed attempts, {} given up, {} dropped from a full queue",
+            "exporter: {} sent, {} failed attempts, {} given up, {} dropped from a full queue, {} unsent at the shutdown deadline",
             stats.sent.load(Ordering::Relaxed),
             stats.failed_attempts.load(Ordering::Relaxed),
             stats.abandoned.load(Ordering::Relaxed),
-            queue.dropped()
+            queue.dropped(),
+            stats.unsent.load(Ordering::Relaxed)
         ));
+        if !stopped {
+            lines.push(
+                "the exporter had not stopped at the shutdown deadline: the exports it held are not counted"
+                    .into(),
+            );
+        }
     }
     lines.push(format!(
         "the agent used {:.3} s of CPU",
