@@ -279,6 +279,30 @@ test('agent: OTLP/gRPC and OTLP/HTTP to a real Collector, which goes away and co
   });
 });
 
+test('agent: --service-name profiles only the processes that publish that service.name', { skip: skip ?? false }, async (t) => {
+  const wanted = await startService(t, 'agent-wanted', 'record');
+  const other = await startService(t, 'agent-other', 'record');
+  const dir = path.join(tmp, 'by-service');
+  const agent = startAgent(t, ['--interval', '1', '--service-name', 'agent-wanted', '--service-name', 'agent-absent', '--output-dir', dir]);
+  await agent.waitFor(new RegExp(`profiling pid ${wanted.ids.pid} `), 'the wanted service');
+  const read = new Set();
+  const seen = new Map();
+  await until('the wanted service whole in the files', () => {
+    for (const name of fs.readdirSync(dir).filter((n) => n.endsWith('.otlp.pb')).sort()) {
+      if (read.has(name)) continue;
+      read.add(name);
+      merge(seen, byProcess(fs.readFileSync(path.join(dir, name))));
+    }
+    return complete(seen, wanted);
+  }, { explain: () => describe(seen) });
+  assertComplete(seen, wanted);
+  // Both services were there for several scans: the other one was looked at and left out.
+  const { code, log } = await agent.stop();
+  assert.strictEqual(code, 0, log);
+  assert.doesNotMatch(log, new RegExp(`profiling pid ${other.ids.pid} `));
+  assert.deepStrictEqual([...seen.keys()], [wanted.ids.pid], describe(seen));
+});
+
 test('agent: SIGTERM ends it promptly whatever the receiver does, counting what it did not send', { skip: skip ?? false }, async (t) => {
   const service = await startService(t, 'agent-shutdown', 'record');
   // A TCP server that accepts connections and reads, but never answers.
@@ -331,6 +355,7 @@ test('agent: bad flags are usage errors', { skip: READER === null ? 'the reader 
     [['--otlp-endpoint', 'https://collector:4318'], /TLS is not supported/],
     [['--otlp-endpoint', 'collector:4317'], /expected grpc:\/\/host:port or http:\/\/host:port/],
     [['--pid', '0', '--output-dir', tmp], /invalid pid 0/],
+    [['--service-name', '', '--output-dir', tmp], /--service-name.*not empty/],
     [[], /needs somewhere to export/],
   ]) {
     const r = spawnSync(READER, ['agent', ...args], { encoding: 'utf8' });

@@ -160,6 +160,10 @@ enum Command {
         /// whether or not they publish a thread context.
         #[arg(long = "process-name", value_name = "NAME")]
         process_names: Vec<String>,
+        /// Profile only processes whose published process context has `service.name` equal to NAME
+        /// (repeatable: any of them); narrows the processes selected otherwise.
+        #[arg(long = "service-name", value_name = "NAME", value_parser = parse_service_name)]
+        service_names: Vec<String>,
         /// Span profiles for Grafana Pyroscope (or another backend that files samples by span id):
         /// each OTLP sample is filed under its local root span (`root`: a `span_id` attribute holding
         /// the root's id; matches ProfileIdSpanProcessor's default) or under the innermost span it ran
@@ -181,6 +185,15 @@ fn parse_interval(s: &str) -> Result<f64, String> {
         Ok(v) if (0.1..=3_600.0).contains(&v) => Ok(v),
         _ => Err("must be a number of seconds in [0.1, 3600]".into()),
     }
+}
+
+fn parse_service_name(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err(
+            "must be a service name (the process context's service.name), not empty".into(),
+        );
+    }
+    Ok(s.to_string())
 }
 
 fn parse_profile_hz(s: &str) -> Result<u64, String> {
@@ -220,6 +233,7 @@ fn main() -> ExitCode {
             output_max_mib,
             pids,
             process_names,
+            service_names,
             span_profiles,
         } => {
             let endpoint = match otlp_endpoint
@@ -247,6 +261,7 @@ fn main() -> ExitCode {
                 selection: agent::processes::Selection {
                     pids,
                     names: process_names,
+                    service_names,
                 },
             };
             match agent::run(&opts) {
