@@ -62,9 +62,16 @@ async function startService(t, name, mode) {
   return { child, ids, name };
 }
 
+/** This process's environment without the OpenTelemetry exporter variables (the agent reads them), plus `extra`. */
+function withoutExporterEnv(extra = {}) {
+  const env = { ...process.env };
+  for (const name of Object.keys(env)) if (name.startsWith('OTEL_EXPORTER_OTLP_')) delete env[name];
+  return { ...env, ...extra };
+}
+
 /** Starts the agent; `waitFor(re)` resolves with the first log line matching `re`. */
-function startAgent(t, args) {
-  const child = spawn(READER, ['agent', ...args], { cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
+function startAgent(t, args, env = withoutExporterEnv()) {
+  const child = spawn(READER, ['agent', ...args], { cwd: tmp, env, stdio: ['ignore', 'pipe', 'pipe'] });
   const lines = [];
   const waiters = [];
   const take = (line) => {
@@ -349,6 +356,32 @@ test('agent: SIGTERM ends it promptly whatever the receiver does, counting what 
   }
 });
 
+test('agent: with no --otlp-endpoint, the endpoint and protocol come from OTEL_EXPORTER_OTLP_*', { skip: skip ?? false }, async (t) => {
+  const service = await startService(t, 'agent-env-endpoint', 'record');
+  const paths = [];
+  const seen = new Map();
+  const receiver = http.createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      paths.push(req.url);
+      if (req.url === '/base/v1development/profiles') merge(seen, byProcess(Buffer.concat(chunks)));
+      res.writeHead(200, { 'content-type': 'application/x-protobuf' }).end();
+    });
+  });
+  await new Promise((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+  t.after(() => receiver.close());
+  // The generic endpoint is a base URL: the profiles path is appended to it.
+  const env = withoutExporterEnv({ OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${receiver.address().port}/base/`, OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf' });
+  const agent = startAgent(t, ['--interval', '1', '--pid', String(service.ids.pid)], env);
+  await until('the service whole at the endpoint of the environment', () => complete(seen, service), { explain: () => `${describe(seen)}\npaths: ${paths}` });
+  assertComplete(seen, service);
+  assert.deepStrictEqual([...new Set(paths)], ['/base/v1development/profiles']);
+  const { code, log } = await agent.stop();
+  assert.strictEqual(code, 0, log);
+  assert.match(log, /exporter: [1-9]\d* sent/);
+});
+
 test('agent: bad flags are usage errors', { skip: READER === null ? 'the reader is not built' : false }, () => {
   for (const [args, re] of [
     [['--interval', '0'], /--interval/],
@@ -358,8 +391,19 @@ test('agent: bad flags are usage errors', { skip: READER === null ? 'the reader 
     [['--service-name', '', '--output-dir', tmp], /--service-name.*not empty/],
     [[], /needs somewhere to export/],
   ]) {
-    const r = spawnSync(READER, ['agent', ...args], { encoding: 'utf8' });
+    const r = spawnSync(READER, ['agent', ...args], { encoding: 'utf8', env: withoutExporterEnv() });
     assert.strictEqual(r.status, 2, `${args}: ${r.stderr}`);
+    assert.match(r.stderr, re);
+  }
+  // The exporter variables, when no --otlp-endpoint is given: checked as the flags are.
+  for (const [vars, re] of [
+    [{ OTEL_EXPORTER_OTLP_ENDPOINT: 'https://collector:4318' }, /OTEL_EXPORTER_OTLP_ENDPOINT="https:\/\/collector:4318": TLS is not supported/],
+    [{ OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT: 'collector:4317' }, /OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT="collector:4317": expected a URL/],
+    [{ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318', OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json' }, /OTEL_EXPORTER_OTLP_PROTOCOL=http\/json: OTLP\/HTTP with JSON bodies is not supported/],
+    [{ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318', OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL: 'grcp' }, /OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL="grcp": unknown protocol/],
+  ]) {
+    const r = spawnSync(READER, ['agent'], { encoding: 'utf8', env: withoutExporterEnv(vars) });
+    assert.strictEqual(r.status, 2, `${JSON.stringify(vars)}: ${r.stderr}`);
     assert.match(r.stderr, re);
   }
 });

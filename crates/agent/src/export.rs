@@ -87,6 +87,113 @@ pub fn parse_endpoint(url: &str, protocol: Option<Protocol>) -> Result<Endpoint,
     Ok(Endpoint { protocol, url })
 }
 
+/// The OpenTelemetry exporter environment variables read when no
+/// `--otlp-endpoint` is given: the profiles signal's own first, then the
+/// generic ones.
+pub const ENV_PROFILES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT";
+pub const ENV_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+pub const ENV_PROFILES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL";
+pub const ENV_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
+
+/// The receiver the exporter environment variables name, as the
+/// OpenTelemetry exporter specification reads them; `Ok(None)` when neither
+/// endpoint variable is set (an empty value counts as unset). `var` reads
+/// one variable; `protocol` (`--otlp-protocol`) overrides the protocol
+/// variables.
+///
+/// - The protocol: `--otlp-protocol`, else the profiles protocol variable,
+///   else the generic one (`grpc` or `http/protobuf`; `http/json` is not
+///   supported), else `http/protobuf` (the specification's default), or
+///   `grpc` for a `grpc://` URL (this agent's own scheme, as for the flag).
+/// - OTLP/HTTP: the profiles endpoint is the whole URL, used as is (`/` when
+///   it has no path); the generic one is a base URL to which
+///   `v1development/profiles` is appended.
+/// - OTLP/gRPC: either names the receiver's host and port; a path is
+///   ignored.
+/// - A URL without a port means port 80, as URLs do (`grpc://` URLs: 4317).
+///   `https` is refused: TLS is not supported.
+pub fn endpoint_from_env(
+    var: impl Fn(&str) -> Option<String>,
+    protocol: Option<Protocol>,
+) -> Result<Option<Endpoint>, String> {
+    let get = |name: &str| {
+        var(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let (name, url, per_signal) = if let Some(url) = get(ENV_PROFILES_ENDPOINT) {
+        (ENV_PROFILES_ENDPOINT, url, true)
+    } else if let Some(url) = get(ENV_ENDPOINT) {
+        (ENV_ENDPOINT, url, false)
+    } else {
+        return Ok(None);
+    };
+    let from_variable = match [ENV_PROFILES_PROTOCOL, ENV_PROTOCOL]
+        .into_iter()
+        .find_map(|n| get(n).map(|v| (n, v)))
+    {
+        None => None,
+        Some((_, v)) if v == "grpc" => Some(Protocol::Grpc),
+        Some((_, v)) if v == "http/protobuf" => Some(Protocol::Http),
+        Some((n, v)) if v == "http/json" => {
+            return Err(format!(
+                "{n}={v}: OTLP/HTTP with JSON bodies is not supported (grpc or http/protobuf)"
+            ))
+        }
+        Some((n, v)) => {
+            return Err(format!(
+                "{n}={v:?}: unknown protocol (grpc or http/protobuf)"
+            ))
+        }
+    };
+    let bad = |why: &str| format!("{name}={url:?}: {why}");
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| bad("expected a URL such as http://host:4318"))?;
+    let grpc_scheme = match scheme {
+        "http" => false,
+        "grpc" => true,
+        "https" => {
+            return Err(bad(
+                "TLS is not supported; send to a local Collector over plain http://",
+            ))
+        }
+        _ => return Err(bad("unknown scheme (http://)")),
+    };
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    // Query and fragment are not part of where requests go.
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    if authority.is_empty() {
+        return Err(bad("names no host"));
+    }
+    let has_port = authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| !p.contains(']'));
+    let authority = match (has_port, grpc_scheme) {
+        (true, _) => authority.to_string(),
+        (false, true) => format!("{authority}:4317"),
+        (false, false) => format!("{authority}:80"),
+    };
+    let protocol = protocol.or(from_variable).unwrap_or(if grpc_scheme {
+        Protocol::Grpc
+    } else {
+        Protocol::Http
+    });
+    let url = match protocol {
+        Protocol::Grpc => format!("http://{authority}"),
+        Protocol::Http if per_signal && path.is_empty() => format!("http://{authority}/"),
+        Protocol::Http if per_signal => format!("http://{authority}{path}"),
+        Protocol::Http => {
+            let base = path.strip_suffix('/').unwrap_or(path);
+            format!("http://{authority}{base}{HTTP_PROFILES_PATH}")
+        }
+    };
+    Ok(Some(Endpoint { protocol, url }))
+}
+
 /// Counts the exporter keeps (read by the agent's summary and log).
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -451,6 +558,159 @@ mod tests {
         assert!(parse_endpoint("ftp://h", None).is_err());
         assert!(parse_endpoint("h:4317", None).is_err());
         assert!(parse_endpoint("grpc://", None).is_err());
+    }
+
+    /// `endpoint_from_env` with these variables set.
+    fn from_env(
+        vars: &[(&str, &str)],
+        protocol: Option<Protocol>,
+    ) -> Result<Option<Endpoint>, String> {
+        let vars: std::collections::HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        endpoint_from_env(|name| vars.get(name).cloned(), protocol)
+    }
+
+    fn http(url: &str) -> Option<Endpoint> {
+        Some(Endpoint {
+            protocol: Protocol::Http,
+            url: url.into(),
+        })
+    }
+
+    fn grpc(url: &str) -> Option<Endpoint> {
+        Some(Endpoint {
+            protocol: Protocol::Grpc,
+            url: url.into(),
+        })
+    }
+
+    #[test]
+    fn no_endpoint_variable_no_endpoint() {
+        assert_eq!(from_env(&[], None), Ok(None));
+        assert_eq!(from_env(&[(ENV_ENDPOINT, " ")], None), Ok(None));
+        assert_eq!(from_env(&[(ENV_PROTOCOL, "grpc")], None), Ok(None));
+    }
+
+    #[test]
+    fn the_generic_endpoint_is_a_base_url_for_http() {
+        // http/protobuf is the default.
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "http://collector:4318")], None),
+            Ok(http("http://collector:4318/v1development/profiles"))
+        );
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "http://collector:4318/")], None),
+            Ok(http("http://collector:4318/v1development/profiles"))
+        );
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "http://gw:4318/otlp/")], None),
+            Ok(http("http://gw:4318/otlp/v1development/profiles"))
+        );
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "http://gw:4318/otlp")], None),
+            Ok(http("http://gw:4318/otlp/v1development/profiles"))
+        );
+        assert_eq!(
+            from_env(
+                &[
+                    (ENV_ENDPOINT, "http://collector"),
+                    (ENV_PROTOCOL, "http/protobuf")
+                ],
+                None
+            ),
+            Ok(http("http://collector:80/v1development/profiles"))
+        );
+    }
+
+    #[test]
+    fn the_profiles_endpoint_is_used_as_is_and_comes_first() {
+        assert_eq!(
+            from_env(
+                &[
+                    (ENV_PROFILES_ENDPOINT, "http://p:4318/custom/profiles"),
+                    (ENV_ENDPOINT, "http://other:4318")
+                ],
+                None
+            ),
+            Ok(http("http://p:4318/custom/profiles"))
+        );
+        assert_eq!(
+            from_env(&[(ENV_PROFILES_ENDPOINT, "http://p:4318")], None),
+            Ok(http("http://p:4318/"))
+        );
+        // An empty profiles variable is unset.
+        assert_eq!(
+            from_env(
+                &[(ENV_PROFILES_ENDPOINT, ""), (ENV_ENDPOINT, "http://g:1")],
+                None
+            ),
+            Ok(http("http://g:1/v1development/profiles"))
+        );
+    }
+
+    #[test]
+    fn grpc_takes_host_and_port_from_either_variable() {
+        assert_eq!(
+            from_env(
+                &[
+                    (ENV_ENDPOINT, "http://10.0.0.7:4317"),
+                    (ENV_PROTOCOL, "grpc")
+                ],
+                None
+            ),
+            Ok(grpc("http://10.0.0.7:4317"))
+        );
+        assert_eq!(
+            from_env(
+                &[
+                    (ENV_PROFILES_ENDPOINT, "http://c:4317/ignored"),
+                    (ENV_PROFILES_PROTOCOL, "grpc"),
+                    (ENV_PROTOCOL, "http/protobuf")
+                ],
+                None
+            ),
+            Ok(grpc("http://c:4317"))
+        );
+        // This agent's grpc:// scheme implies gRPC unless a protocol is named.
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "grpc://c")], None),
+            Ok(grpc("http://c:4317"))
+        );
+        // --otlp-protocol wins over the variables.
+        assert_eq!(
+            from_env(
+                &[(ENV_ENDPOINT, "http://c:4318"), (ENV_PROTOCOL, "grpc")],
+                Some(Protocol::Http)
+            ),
+            Ok(http("http://c:4318/v1development/profiles"))
+        );
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "http://[::1]:4317")], Some(Protocol::Grpc)),
+            Ok(grpc("http://[::1]:4317"))
+        );
+    }
+
+    #[test]
+    fn bad_variables_say_which_and_why() {
+        let err = |vars: &[(&str, &str)]| from_env(vars, None).unwrap_err();
+        let e = err(&[(ENV_ENDPOINT, "https://c:4318")]);
+        assert!(e.contains(ENV_ENDPOINT) && e.contains("TLS"), "{e}");
+        let e = err(&[(ENV_PROFILES_ENDPOINT, "c:4318")]);
+        assert!(
+            e.contains(ENV_PROFILES_ENDPOINT) && e.contains("URL"),
+            "{e}"
+        );
+        let e = err(&[(ENV_ENDPOINT, "http://")]);
+        assert!(e.contains("no host"), "{e}");
+        let e = err(&[(ENV_ENDPOINT, "http://c"), (ENV_PROTOCOL, "http/json")]);
+        assert!(e.contains(ENV_PROTOCOL) && e.contains("JSON"), "{e}");
+        let e = err(&[(ENV_ENDPOINT, "http://c"), (ENV_PROFILES_PROTOCOL, "udp")]);
+        assert!(
+            e.contains(ENV_PROFILES_PROTOCOL) && e.contains("unknown protocol"),
+            "{e}"
+        );
     }
 
     #[test]

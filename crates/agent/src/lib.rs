@@ -61,7 +61,7 @@ pub struct Options {
 pub enum AgentError {
     #[error(transparent)]
     Sampler(#[from] SamplerError),
-    #[error("agent needs somewhere to export: --otlp-endpoint URL and/or --output-dir DIR")]
+    #[error("agent needs somewhere to export: --otlp-endpoint URL (or OTEL_EXPORTER_OTLP_ENDPOINT) and/or --output-dir DIR")]
     NoDestination,
     #[error("cannot use --output-dir {}: {source}", .path.display())]
     OutputDir {

@@ -141,6 +141,8 @@ enum Command {
         off_cpu: bool,
         /// Send every export to this OTLP receiver: grpc://host:port (OTLP/gRPC, default port 4317)
         /// or http://host:port[/path] (OTLP/HTTP protobuf, default port 4318 and path /v1development/profiles).
+        /// Default: OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT, with
+        /// OTEL_EXPORTER_OTLP_[PROFILES_]PROTOCOL (grpc, http/protobuf), as OpenTelemetry exporters read them.
         #[arg(long)]
         otlp_endpoint: Option<String>,
         /// Protocol to use whatever the endpoint's scheme says.
@@ -236,10 +238,11 @@ fn main() -> ExitCode {
             service_names,
             span_profiles,
         } => {
-            let endpoint = match otlp_endpoint
-                .map(|url| agent::export::parse_endpoint(&url, otlp_protocol))
-                .transpose()
-            {
+            let endpoint = match otlp_endpoint {
+                Some(url) => agent::export::parse_endpoint(&url, otlp_protocol).map(Some),
+                None => agent::export::endpoint_from_env(|n| std::env::var(n).ok(), otlp_protocol),
+            };
+            let endpoint = match endpoint {
                 Ok(e) => e,
                 Err(e) => {
                     eprintln!("otel-thread-ctx: {e}");
