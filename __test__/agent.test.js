@@ -373,10 +373,13 @@ test('agent: with no --otlp-endpoint, the endpoint and protocol come from OTEL_E
   t.after(() => receiver.close());
   // The generic endpoint is a base URL: the profiles path is appended to it.
   const env = withoutExporterEnv({ OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${receiver.address().port}/base/`, OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf' });
-  const agent = startAgent(t, ['--interval', '1', '--pid', String(service.ids.pid)], env);
+  const agent = startAgent(t, ['--interval', '1', '--metrics-interval', '1', '--pid', String(service.ids.pid)], env);
   await until('the service whole at the endpoint of the environment', () => complete(seen, service), { explain: () => `${describe(seen)}\npaths: ${paths}` });
   assertComplete(seen, service);
   assert.deepStrictEqual([...new Set(paths)], ['/base/v1development/profiles']);
+  // The agent's own metrics, every second: a line that counts what was just seen sent.
+  const metrics = await agent.waitFor(/metrics: processes=1 processes_seen=1 samples=[1-9]\d* .*exports=[1-9]\d* .*sent=[1-9]\d* failed_attempts=0 given_up=0 dropped=0 waiting=\d+ cpu_s=[\d.]+$/, 'a metrics line counting sent exports');
+  assert.match(metrics, /samples_unattributed=\d+ kernel_lost_samples=\d+ kernel_lost_waits=\d+ exports=\d+ exports_skipped=\d+ /);
   const { code, log } = await agent.stop();
   assert.strictEqual(code, 0, log);
   assert.match(log, /exporter: [1-9]\d* sent/);
@@ -389,6 +392,7 @@ test('agent: bad flags are usage errors', { skip: READER === null ? 'the reader 
     [['--otlp-endpoint', 'collector:4317'], /expected grpc:\/\/host:port or http:\/\/host:port/],
     [['--pid', '0', '--output-dir', tmp], /invalid pid 0/],
     [['--service-name', '', '--output-dir', tmp], /--service-name.*not empty/],
+    [['--metrics-interval', '0.5', '--output-dir', tmp], /--metrics-interval.*0 \(no metrics lines\)/],
     [[], /needs somewhere to export/],
   ]) {
     const r = spawnSync(READER, ['agent', ...args], { encoding: 'utf8', env: withoutExporterEnv() });

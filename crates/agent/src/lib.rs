@@ -54,6 +54,8 @@ pub struct Options {
     /// Exports in the span-profile form, filed under which span.
     pub span_profiles: Option<otel_thread_ctx_formats::otlp::SpanProfiles>,
     pub selection: processes::Selection,
+    /// How often the agent logs its own metrics (`None`: never).
+    pub metrics_every: Option<Duration>,
 }
 
 /// Why the agent could not start.
@@ -245,6 +247,7 @@ fn sample(
     let mut skipped_exports: u64 = 0;
     let mut jobs_sent: u64 = 0;
     let mut deadline: Option<Instant> = None;
+    let mut metrics_logged = Instant::now();
     loop {
         let ending = otel_thread_ctx_reader::signals::requested().is_some();
         if ending {
@@ -327,6 +330,24 @@ fn sample(
                 report_exporter(e);
             }
         }
+        if let Some(every) = opts.metrics_every {
+            if metrics_logged.elapsed() >= every && !ending {
+                metrics_logged = Instant::now();
+                let lost = loaded.lost();
+                log(&metrics_line(&Metrics {
+                    processes: profiled.values().filter(|p| !p.exited).count() as u64,
+                    processes_seen: seen_processes,
+                    samples: samples_total,
+                    samples_unattributed: unattributed,
+                    kernel_lost_samples: lost.ring_full,
+                    kernel_lost_waits: lost.blocked_table_full,
+                    exports: exports.load(Ordering::Relaxed),
+                    exports_skipped: skipped_exports,
+                    exporter: exporter.as_ref(),
+                    cpu_ns: otel_thread_ctx_profiler::system::own_cpu_ns(),
+                }));
+            }
+        }
         if ending {
             break;
         }
@@ -390,6 +411,52 @@ fn sample(
     Ok(lines)
 }
 
+/// What the periodic metrics line reports: counts since the start, but
+/// `processes`.
+struct Metrics<'a> {
+    /// Processes profiled now.
+    processes: u64,
+    processes_seen: u64,
+    samples: u64,
+    samples_unattributed: u64,
+    kernel_lost_samples: u64,
+    kernel_lost_waits: u64,
+    /// Exports built (written and/or queued for sending).
+    exports: u64,
+    /// Intervals dropped because building was behind.
+    exports_skipped: u64,
+    exporter: Option<&'a export::Exporter>,
+    cpu_ns: u64,
+}
+
+/// The metrics as one line of `key=value` words.
+fn metrics_line(m: &Metrics) -> String {
+    use std::sync::atomic::Ordering;
+    let mut line = format!(
+        "metrics: processes={} processes_seen={} samples={} samples_unattributed={} kernel_lost_samples={} kernel_lost_waits={} exports={} exports_skipped={}",
+        m.processes,
+        m.processes_seen,
+        m.samples,
+        m.samples_unattributed,
+        m.kernel_lost_samples,
+        m.kernel_lost_waits,
+        m.exports,
+        m.exports_skipped
+    );
+    if let Some(e) = m.exporter {
+        line.push_str(&format!(
+            " sent={} failed_attempts={} given_up={} dropped={} waiting={}",
+            e.stats.sent.load(Ordering::Relaxed),
+            e.stats.failed_attempts.load(Ordering::Relaxed),
+            e.stats.abandoned.load(Ordering::Relaxed),
+            e.queue.dropped(),
+            e.queue.len()
+        ));
+    }
+    line.push_str(&format!(" cpu_s={:.3}", m.cpu_ns as f64 / 1e9));
+    line
+}
+
 /// One line about the exporter when something went wrong since the start.
 fn report_exporter(e: &export::Exporter) {
     use std::sync::atomic::Ordering;
@@ -416,4 +483,29 @@ fn report_exporter(e: &export::Exporter) {
 /// The agent's log: one line on stderr.
 fn log(line: &str) {
     eprintln!("otel-thread-ctx agent: {line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metrics_line_is_key_value_words() {
+        let m = Metrics {
+            processes: 2,
+            processes_seen: 3,
+            samples: 1000,
+            samples_unattributed: 4,
+            kernel_lost_samples: 5,
+            kernel_lost_waits: 6,
+            exports: 7,
+            exports_skipped: 1,
+            exporter: None,
+            cpu_ns: 1_500_000_000,
+        };
+        assert_eq!(
+            metrics_line(&m),
+            "metrics: processes=2 processes_seen=3 samples=1000 samples_unattributed=4 kernel_lost_samples=5 kernel_lost_waits=6 exports=7 exports_skipped=1 cpu_s=1.500"
+        );
+    }
 }

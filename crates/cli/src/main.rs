@@ -166,6 +166,10 @@ enum Command {
         /// (repeatable: any of them); narrows the processes selected otherwise.
         #[arg(long = "service-name", value_name = "NAME", value_parser = parse_service_name)]
         service_names: Vec<String>,
+        /// Seconds between the agent's own metrics lines on stderr (processes, samples, exports
+        /// sent, retried and dropped); 0: none.
+        #[arg(long, default_value_t = 60.0, value_parser = parse_metrics_interval)]
+        metrics_interval: f64,
         /// Span profiles for Grafana Pyroscope (or another backend that files samples by span id):
         /// each OTLP sample is filed under its local root span (`root`: a `span_id` attribute holding
         /// the root's id; matches ProfileIdSpanProcessor's default) or under the innermost span it ran
@@ -186,6 +190,13 @@ fn parse_interval(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.1..=3_600.0).contains(&v) => Ok(v),
         _ => Err("must be a number of seconds in [0.1, 3600]".into()),
+    }
+}
+
+fn parse_metrics_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v == 0.0 || (1.0..=86_400.0).contains(&v) => Ok(v),
+        _ => Err("must be 0 (no metrics lines) or a number of seconds in [1, 86400]".into()),
     }
 }
 
@@ -236,6 +247,7 @@ fn main() -> ExitCode {
             pids,
             process_names,
             service_names,
+            metrics_interval,
             span_profiles,
         } => {
             let endpoint = match otlp_endpoint {
@@ -266,6 +278,8 @@ fn main() -> ExitCode {
                     names: process_names,
                     service_names,
                 },
+                metrics_every: (metrics_interval > 0.0)
+                    .then(|| Duration::from_secs_f64(metrics_interval)),
             };
             match agent::run(&opts) {
                 Err(e) => {
