@@ -38,10 +38,10 @@ const QUEUE_CAPACITY: usize = 16;
 const JOBS_WAITING: usize = 2;
 /// Processes profiled at once at most (the program's `targets` entries).
 const MAX_PROCESSES: u32 = 4096;
-/// From the moment a SIGINT/SIGTERM is noticed, how long the last export
-/// may take to be built and sent: what is not sent by then is counted as
-/// unsent, and the agent exits. With the signal noticed within a poll
-/// (100 ms) and the teardown, the agent exits within 2 s of the signal.
+/// From the arrival of SIGINT/SIGTERM, how long the last export may take to
+/// be built and sent: what is not sent by then is counted as unsent, and the
+/// agent exits. With the teardown after it, the agent exits within 2 s of
+/// the signal.
 pub const SHUTDOWN_WITHIN: Duration = Duration::from_millis(1500);
 
 pub struct Options {
@@ -251,7 +251,13 @@ fn sample(
     loop {
         let ending = otel_thread_ctx_reader::signals::requested().is_some();
         if ending {
-            deadline = Some(Instant::now() + SHUTDOWN_WITHIN);
+            // Counted from the signal's arrival: an iteration that was busy
+            // when it came takes from the budget.
+            let since_signal = otel_thread_ctx_reader::signals::requested_at_monotonic_ns()
+                .map_or(Duration::ZERO, |at| {
+                    Duration::from_nanos(monotonic_ns().saturating_sub(at))
+                });
+            deadline = Some(Instant::now() + SHUTDOWN_WITHIN.saturating_sub(since_signal));
         }
         for change in changes.try_iter() {
             match change {
