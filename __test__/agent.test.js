@@ -62,9 +62,16 @@ async function startService(t, name, mode) {
   return { child, ids, name };
 }
 
+/** This process's environment without the OpenTelemetry exporter variables (the agent reads them), plus `extra`. */
+function withoutExporterEnv(extra = {}) {
+  const env = { ...process.env };
+  for (const name of Object.keys(env)) if (name.startsWith('OTEL_EXPORTER_OTLP_')) delete env[name];
+  return { ...env, ...extra };
+}
+
 /** Starts the agent; `waitFor(re)` resolves with the first log line matching `re`. */
-function startAgent(t, args) {
-  const child = spawn(READER, ['agent', ...args], { cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
+function startAgent(t, args, env = withoutExporterEnv()) {
+  const child = spawn(READER, ['agent', ...args], { cwd: tmp, env, stdio: ['ignore', 'pipe', 'pipe'] });
   const lines = [];
   const waiters = [];
   const take = (line) => {
@@ -279,16 +286,128 @@ test('agent: OTLP/gRPC and OTLP/HTTP to a real Collector, which goes away and co
   });
 });
 
+test('agent: --service-name profiles only the processes that publish that service.name', { skip: skip ?? false }, async (t) => {
+  const wanted = await startService(t, 'agent-wanted', 'record');
+  const other = await startService(t, 'agent-other', 'record');
+  const dir = path.join(tmp, 'by-service');
+  const agent = startAgent(t, ['--interval', '1', '--service-name', 'agent-wanted', '--service-name', 'agent-absent', '--output-dir', dir]);
+  await agent.waitFor(new RegExp(`profiling pid ${wanted.ids.pid} `), 'the wanted service');
+  const read = new Set();
+  const seen = new Map();
+  await until('the wanted service whole in the files', () => {
+    for (const name of fs.readdirSync(dir).filter((n) => n.endsWith('.otlp.pb')).sort()) {
+      if (read.has(name)) continue;
+      read.add(name);
+      merge(seen, byProcess(fs.readFileSync(path.join(dir, name))));
+    }
+    return complete(seen, wanted);
+  }, { explain: () => describe(seen) });
+  assertComplete(seen, wanted);
+  // Both services were there for several scans: the other one was looked at and left out.
+  const { code, log } = await agent.stop();
+  assert.strictEqual(code, 0, log);
+  assert.doesNotMatch(log, new RegExp(`profiling pid ${other.ids.pid} `));
+  assert.deepStrictEqual([...seen.keys()], [wanted.ids.pid], describe(seen));
+});
+
+test('agent: SIGTERM ends it promptly whatever the receiver does, counting what it did not send', { skip: skip ?? false }, async (t) => {
+  const service = await startService(t, 'agent-shutdown', 'record');
+  // A TCP server that accepts connections and reads, but never answers.
+  const sockets = new Set();
+  let received = 0;
+  const silent = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.on('data', (chunk) => (received += chunk.length));
+    socket.on('error', () => {});
+  });
+  await new Promise((resolve) => silent.listen(0, '127.0.0.1', resolve));
+  t.after(() => {
+    for (const s of sockets) s.destroy();
+    silent.close();
+  });
+  const silentPort = silent.address().port;
+  const cases = [
+    { what: 'nothing listens (OTLP/gRPC)', endpoint: `grpc://127.0.0.1:${await freePort()}`, ready: (agent) => agent.waitFor(/exporter: .*failed attempts/, 'a failed export') },
+    { what: 'the receiver never answers (OTLP/HTTP)', endpoint: `http://127.0.0.1:${silentPort}`, silent: true },
+    { what: 'the receiver never answers (OTLP/gRPC)', endpoint: `grpc://127.0.0.1:${silentPort}`, silent: true },
+  ];
+  for (const c of cases) {
+    await t.test(c.what, async () => {
+      const before = received;
+      const agent = startAgent(t, ['--interval', '1', '--otlp-endpoint', c.endpoint, '--pid', String(service.ids.pid)]);
+      await agent.waitFor(new RegExp(`profiling pid ${service.ids.pid} `), 'the service profiled');
+      if (c.silent) await until('an export sent to the silent receiver', () => received > before, { timeoutMs: 60000 });
+      else await c.ready(agent);
+      const start = process.hrtime.bigint();
+      agent.child.kill('SIGTERM');
+      const code = await exited(agent.child, 30000);
+      const ms = Number(process.hrtime.bigint() - start) / 1e6;
+      t.diagnostic(`${c.what}: exited ${ms.toFixed(0)} ms after SIGTERM`);
+      const log = agent.lines.join('\n');
+      assert.strictEqual(code, 0, log);
+      // The agent bounds its shutdown at 2 s; a generous bound here, for a busy machine.
+      assert.ok(ms < 5000, `exited ${ms.toFixed(0)} ms after SIGTERM:\n${log}`);
+      const summary = /exporter: (\d+) sent, \d+ failed attempts, \d+ given up, \d+ dropped from a full queue, (\d+) unsent at the shutdown deadline/.exec(log);
+      assert.ok(summary, log);
+      assert.strictEqual(Number(summary[1]), 0, log);
+      assert.ok(Number(summary[2]) >= 1, `nothing counted as unsent:\n${log}`);
+      assert.match(log, /ended by signal 15/);
+    });
+  }
+});
+
+test('agent: with no --otlp-endpoint, the endpoint and protocol come from OTEL_EXPORTER_OTLP_*', { skip: skip ?? false }, async (t) => {
+  const service = await startService(t, 'agent-env-endpoint', 'record');
+  const paths = [];
+  const seen = new Map();
+  const receiver = http.createServer((req, res) => {
+    const chunks = [];
+    req.on('data', (c) => chunks.push(c));
+    req.on('end', () => {
+      paths.push(req.url);
+      if (req.url === '/base/v1development/profiles') merge(seen, byProcess(Buffer.concat(chunks)));
+      res.writeHead(200, { 'content-type': 'application/x-protobuf' }).end();
+    });
+  });
+  await new Promise((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+  t.after(() => receiver.close());
+  // The generic endpoint is a base URL: the profiles path is appended to it.
+  const env = withoutExporterEnv({ OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${receiver.address().port}/base/`, OTEL_EXPORTER_OTLP_PROTOCOL: 'http/protobuf' });
+  const agent = startAgent(t, ['--interval', '1', '--metrics-interval', '1', '--pid', String(service.ids.pid)], env);
+  await until('the service whole at the endpoint of the environment', () => complete(seen, service), { explain: () => `${describe(seen)}\npaths: ${paths}` });
+  assertComplete(seen, service);
+  assert.deepStrictEqual([...new Set(paths)], ['/base/v1development/profiles']);
+  // The agent's own metrics, every second: a line that counts what was just seen sent.
+  const metrics = await agent.waitFor(/metrics: processes=1 processes_seen=1 samples=[1-9]\d* .*exports=[1-9]\d* .*sent=[1-9]\d* failed_attempts=0 given_up=0 dropped=0 waiting=\d+ cpu_s=[\d.]+$/, 'a metrics line counting sent exports');
+  assert.match(metrics, /samples_unattributed=\d+ kernel_lost_samples=\d+ kernel_lost_waits=\d+ exports=\d+ exports_skipped=\d+ /);
+  const { code, log } = await agent.stop();
+  assert.strictEqual(code, 0, log);
+  assert.match(log, /exporter: [1-9]\d* sent/);
+});
+
 test('agent: bad flags are usage errors', { skip: READER === null ? 'the reader is not built' : false }, () => {
   for (const [args, re] of [
     [['--interval', '0'], /--interval/],
     [['--otlp-endpoint', 'https://collector:4318'], /TLS is not supported/],
     [['--otlp-endpoint', 'collector:4317'], /expected grpc:\/\/host:port or http:\/\/host:port/],
     [['--pid', '0', '--output-dir', tmp], /invalid pid 0/],
+    [['--service-name', '', '--output-dir', tmp], /--service-name.*not empty/],
+    [['--metrics-interval', '0.5', '--output-dir', tmp], /--metrics-interval.*0 \(no metrics lines\)/],
     [[], /needs somewhere to export/],
   ]) {
-    const r = spawnSync(READER, ['agent', ...args], { encoding: 'utf8' });
+    const r = spawnSync(READER, ['agent', ...args], { encoding: 'utf8', env: withoutExporterEnv() });
     assert.strictEqual(r.status, 2, `${args}: ${r.stderr}`);
+    assert.match(r.stderr, re);
+  }
+  // The exporter variables, when no --otlp-endpoint is given: checked as the flags are.
+  for (const [vars, re] of [
+    [{ OTEL_EXPORTER_OTLP_ENDPOINT: 'https://collector:4318' }, /OTEL_EXPORTER_OTLP_ENDPOINT="https:\/\/collector:4318": TLS is not supported/],
+    [{ OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT: 'collector:4317' }, /OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT="collector:4317": expected a URL/],
+    [{ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318', OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json' }, /OTEL_EXPORTER_OTLP_PROTOCOL=http\/json: OTLP\/HTTP with JSON bodies is not supported/],
+    [{ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318', OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL: 'grcp' }, /OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL="grcp": unknown protocol/],
+  ]) {
+    const r = spawnSync(READER, ['agent'], { encoding: 'utf8', env: withoutExporterEnv(vars) });
+    assert.strictEqual(r.status, 2, `${JSON.stringify(vars)}: ${r.stderr}`);
     assert.match(r.stderr, re);
   }
 });

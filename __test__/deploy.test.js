@@ -78,7 +78,9 @@ test('the systemd unit passes systemd-analyze verify and the agent takes its arg
   }));
   assert.strictEqual(binary, INSTALLED_BINARY);
   assert.strictEqual(args[0], 'agent');
-  assert.ok(environment.get('OTEL_EXPORTER_OTLP_ENDPOINT').startsWith('grpc://'));
+  // The Collector comes from the exporter variables the agent reads itself (OTLP/HTTP by default).
+  assert.strictEqual(environment.get('OTEL_EXPORTER_OTLP_ENDPOINT'), 'http://127.0.0.1:4318');
+  assert.ok(!args.includes('--otlp-endpoint'), `ExecStart ${args.join(' ')} overrides the environment`);
   const accepted = agentAccepts(args);
   assert.ok(accepted.ok, `the agent refuses the unit's arguments ${args.join(' ')}: ${accepted.stderr}`);
 
@@ -113,7 +115,10 @@ test('the DaemonSet decodes strictly with the Kubernetes API types and the agent
     return env.get(name);
   }));
   assert.strictEqual(args[0], 'agent');
-  assert.strictEqual(args[args.indexOf('--otlp-endpoint') + 1], 'grpc://10.0.0.7:4317');
+  // The Collector comes from the exporter variables the agent reads itself: OTLP/gRPC to the node.
+  assert.strictEqual(env.get('OTEL_EXPORTER_OTLP_ENDPOINT'), 'http://10.0.0.7:4317');
+  assert.strictEqual(env.get('OTEL_EXPORTER_OTLP_PROTOCOL'), 'grpc');
+  assert.ok(!args.includes('--otlp-endpoint'), `args ${args.join(' ')} override the environment`);
   const accepted = agentAccepts(args);
   assert.ok(accepted.ok, `the agent refuses the DaemonSet's arguments ${args.join(' ')}: ${accepted.stderr}`);
 

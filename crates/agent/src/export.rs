@@ -3,7 +3,9 @@
 //! tonic, OTLP/HTTP (protobuf) with hyper. Each request has a timeout; a
 //! failure the receiver may recover from is retried with exponential
 //! backoff; exports waiting meanwhile sit in a bounded queue that drops the
-//! oldest. Sampling never waits for any of it.
+//! oldest. Sampling never waits for any of it. At shutdown the exporter
+//! is given a deadline: what is not sent by then (in flight, being retried
+//! or queued) is counted as unsent and the exporter stops.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -85,6 +87,113 @@ pub fn parse_endpoint(url: &str, protocol: Option<Protocol>) -> Result<Endpoint,
     Ok(Endpoint { protocol, url })
 }
 
+/// The OpenTelemetry exporter environment variables read when no
+/// `--otlp-endpoint` is given: the profiles signal's own first, then the
+/// generic ones.
+pub const ENV_PROFILES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT";
+pub const ENV_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+pub const ENV_PROFILES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROFILES_PROTOCOL";
+pub const ENV_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
+
+/// The receiver the exporter environment variables name, as the
+/// OpenTelemetry exporter specification reads them; `Ok(None)` when neither
+/// endpoint variable is set (an empty value counts as unset). `var` reads
+/// one variable; `protocol` (`--otlp-protocol`) overrides the protocol
+/// variables.
+///
+/// - The protocol: `--otlp-protocol`, else the profiles protocol variable,
+///   else the generic one (`grpc` or `http/protobuf`; `http/json` is not
+///   supported), else `http/protobuf` (the specification's default), or
+///   `grpc` for a `grpc://` URL (this agent's own scheme, as for the flag).
+/// - OTLP/HTTP: the profiles endpoint is the whole URL, used as is (`/` when
+///   it has no path); the generic one is a base URL to which
+///   `v1development/profiles` is appended.
+/// - OTLP/gRPC: either names the receiver's host and port; a path is
+///   ignored.
+/// - A URL without a port means port 80, as URLs do (`grpc://` URLs: 4317).
+///   `https` is refused: TLS is not supported.
+pub fn endpoint_from_env(
+    var: impl Fn(&str) -> Option<String>,
+    protocol: Option<Protocol>,
+) -> Result<Option<Endpoint>, String> {
+    let get = |name: &str| {
+        var(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let (name, url, per_signal) = if let Some(url) = get(ENV_PROFILES_ENDPOINT) {
+        (ENV_PROFILES_ENDPOINT, url, true)
+    } else if let Some(url) = get(ENV_ENDPOINT) {
+        (ENV_ENDPOINT, url, false)
+    } else {
+        return Ok(None);
+    };
+    let from_variable = match [ENV_PROFILES_PROTOCOL, ENV_PROTOCOL]
+        .into_iter()
+        .find_map(|n| get(n).map(|v| (n, v)))
+    {
+        None => None,
+        Some((_, v)) if v == "grpc" => Some(Protocol::Grpc),
+        Some((_, v)) if v == "http/protobuf" => Some(Protocol::Http),
+        Some((n, v)) if v == "http/json" => {
+            return Err(format!(
+                "{n}={v}: OTLP/HTTP with JSON bodies is not supported (grpc or http/protobuf)"
+            ))
+        }
+        Some((n, v)) => {
+            return Err(format!(
+                "{n}={v:?}: unknown protocol (grpc or http/protobuf)"
+            ))
+        }
+    };
+    let bad = |why: &str| format!("{name}={url:?}: {why}");
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| bad("expected a URL such as http://host:4318"))?;
+    let grpc_scheme = match scheme {
+        "http" => false,
+        "grpc" => true,
+        "https" => {
+            return Err(bad(
+                "TLS is not supported; send to a local Collector over plain http://",
+            ))
+        }
+        _ => return Err(bad("unknown scheme (http://)")),
+    };
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    // Query and fragment are not part of where requests go.
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    if authority.is_empty() {
+        return Err(bad("names no host"));
+    }
+    let has_port = authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| !p.contains(']'));
+    let authority = match (has_port, grpc_scheme) {
+        (true, _) => authority.to_string(),
+        (false, true) => format!("{authority}:4317"),
+        (false, false) => format!("{authority}:80"),
+    };
+    let protocol = protocol.or(from_variable).unwrap_or(if grpc_scheme {
+        Protocol::Grpc
+    } else {
+        Protocol::Http
+    });
+    let url = match protocol {
+        Protocol::Grpc => format!("http://{authority}"),
+        Protocol::Http if per_signal && path.is_empty() => format!("http://{authority}/"),
+        Protocol::Http if per_signal => format!("http://{authority}{path}"),
+        Protocol::Http => {
+            let base = path.strip_suffix('/').unwrap_or(path);
+            format!("http://{authority}{base}{HTTP_PROFILES_PATH}")
+        }
+    };
+    Ok(Some(Endpoint { protocol, url }))
+}
+
 /// Counts the exporter keeps (read by the agent's summary and log).
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -92,6 +201,9 @@ pub struct Stats {
     pub failed_attempts: AtomicU64,
     /// Exports given up after their retries, or refused for good.
     pub abandoned: AtomicU64,
+    /// Exports in flight, being retried or queued when the shutdown
+    /// deadline passed.
+    pub unsent: AtomicU64,
     pub last_error: Mutex<Option<String>>,
 }
 
@@ -108,13 +220,16 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How long one export is retried before it is given up.
 const RETRY_FOR: Duration = Duration::from_secs(60);
-/// How long the exporter keeps sending after the agent was asked to stop.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long [`Exporter::finish`] waits past the deadline for the exporter's
+/// thread to notice it (it stops within a few milliseconds of it).
+const JOIN_SLACK: Duration = Duration::from_millis(200);
 
 /// The exporter thread and its queue.
 pub struct Exporter {
     pub queue: Arc<Queue<ExportProfilesServiceRequest>>,
     pub stats: Arc<Stats>,
+    /// The shutdown deadline, once there is one.
+    deadline: tokio::sync::watch::Sender<Option<Instant>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -125,26 +240,59 @@ impl Exporter {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        let (deadline, deadline_rx) = tokio::sync::watch::channel(None);
         let thread = {
             let (queue, stats) = (queue.clone(), stats.clone());
             std::thread::Builder::new()
                 .name("otlp-export".into())
-                .spawn(move || runtime.block_on(run(endpoint, queue, stats)))?
+                .spawn(move || {
+                    runtime.block_on(run(endpoint, queue, stats, deadline_rx));
+                    // Nothing left to wait for: a name resolution still
+                    // running on the blocking pool is not waited for.
+                    runtime.shutdown_background();
+                })?
         };
         Ok(Exporter {
             queue,
             stats,
+            deadline,
             thread: Some(thread),
         })
     }
 
-    /// Sends what is queued (for a few seconds at most), then stops.
-    pub fn finish(mut self) {
+    /// Sends what is queued until `deadline`, then stops: what is not sent
+    /// by then is counted in [`Stats::unsent`]. Returns `false` when the
+    /// exporter's thread had not stopped shortly after the deadline (it is
+    /// left behind; the counts may then miss the exports it held).
+    pub fn finish(mut self, deadline: Instant) -> bool {
+        self.deadline.send_replace(Some(deadline));
         self.queue.close();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        let Some(t) = self.thread.take() else {
+            return true;
+        };
+        while !t.is_finished() {
+            if Instant::now() >= deadline + JOIN_SLACK {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
+        let _ = t.join();
+        true
     }
+}
+
+/// Resolves once a shutdown deadline was set and has passed.
+async fn deadline_passed(mut deadline: tokio::sync::watch::Receiver<Option<Instant>>) {
+    let at = loop {
+        if let Some(at) = *deadline.borrow_and_update() {
+            break at;
+        }
+        if deadline.changed().await.is_err() {
+            // The exporter was dropped without a deadline: none comes.
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
 }
 
 /// The connections, made once and reused (both reconnect on their own).
@@ -157,6 +305,7 @@ async fn run(
     endpoint: Endpoint,
     queue: Arc<Queue<ExportProfilesServiceRequest>>,
     stats: Arc<Stats>,
+    deadline: tokio::sync::watch::Receiver<Option<Instant>>,
 ) {
     let client = match endpoint.protocol {
         Protocol::Grpc => match tonic::transport::Endpoint::from_shared(endpoint.url.clone()) {
@@ -180,8 +329,11 @@ async fn run(
             )
         }
     };
-    let mut closed_at: Option<Instant> = None;
     loop {
+        if deadline.borrow().is_some_and(|at| Instant::now() >= at) {
+            count_unsent(&queue, &stats, 0);
+            return;
+        }
         // Waited for off the runtime's thread: the connections' tasks keep
         // running meanwhile.
         let waiting = queue.clone();
@@ -189,46 +341,72 @@ async fn run(
             .await
             .ok()
             .flatten();
-        if queue.is_closed() && closed_at.is_none() {
-            closed_at = Some(Instant::now());
-        }
-        let past_grace =
-            |closed_at: Option<Instant>| closed_at.is_some_and(|t| t.elapsed() >= SHUTDOWN_GRACE);
         let Some(request) = item else {
-            if queue.is_closed() {
+            if queue.is_closed() && queue.is_empty() {
                 return;
             }
             continue;
         };
-        let first = Instant::now();
-        let mut backoff = FIRST_BACKOFF;
-        loop {
-            match attempt(&client, &request).await {
-                Ok(()) => {
-                    stats.sent.fetch_add(1, Ordering::Relaxed);
-                    break;
-                }
-                Err(f) => {
-                    stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
-                    *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(f.text);
-                    if queue.is_closed() && closed_at.is_none() {
-                        closed_at = Some(Instant::now());
-                    }
-                    if !f.retryable || first.elapsed() >= RETRY_FOR || past_grace(closed_at) {
-                        stats.abandoned.fetch_add(1, Ordering::Relaxed);
-                        break;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-            }
-        }
-        if past_grace(closed_at) {
-            // Whatever is still queued is not sent.
-            while queue.pop(Duration::ZERO).is_some() {
-                stats.abandoned.fetch_add(1, Ordering::Relaxed);
-            }
+        if !before_deadline(send(&client, &request, &stats), deadline.clone()).await {
+            count_unsent(&queue, &stats, 1);
             return;
+        }
+    }
+}
+
+/// Runs `work` to its end, or until the shutdown deadline passes (it is then
+/// dropped, cancelling an attempt in flight): `false` in the latter case.
+async fn before_deadline(
+    work: impl std::future::Future<Output = ()>,
+    deadline: tokio::sync::watch::Receiver<Option<Instant>>,
+) -> bool {
+    use std::future::Future;
+    use std::task::Poll;
+    let mut work = std::pin::pin!(work);
+    let mut passed = std::pin::pin!(deadline_passed(deadline));
+    std::future::poll_fn(|cx| {
+        if work.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(true);
+        }
+        if passed.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(false);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// At the deadline: `in_hand` exports being sent, and every one queued, are
+/// not sent.
+fn count_unsent(queue: &Queue<ExportProfilesServiceRequest>, stats: &Stats, in_hand: u64) {
+    let mut unsent = in_hand;
+    while queue.pop(Duration::ZERO).is_some() {
+        unsent += 1;
+    }
+    stats.unsent.fetch_add(unsent, Ordering::Relaxed);
+}
+
+/// Sends one export, retrying with backoff what may succeed later, until it
+/// is sent or given up.
+async fn send(client: &Connection, request: &ExportProfilesServiceRequest, stats: &Stats) {
+    let first = Instant::now();
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        match attempt(client, request).await {
+            Ok(()) => {
+                stats.sent.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Err(f) => {
+                stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
+                *stats.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(f.text);
+                if !f.retryable || first.elapsed() >= RETRY_FOR {
+                    stats.abandoned.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
         }
     }
 }
@@ -382,6 +560,159 @@ mod tests {
         assert!(parse_endpoint("grpc://", None).is_err());
     }
 
+    /// `endpoint_from_env` with these variables set.
+    fn from_env(
+        vars: &[(&str, &str)],
+        protocol: Option<Protocol>,
+    ) -> Result<Option<Endpoint>, String> {
+        let vars: std::collections::HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        endpoint_from_env(|name| vars.get(name).cloned(), protocol)
+    }
+
+    fn http(url: &str) -> Option<Endpoint> {
+        Some(Endpoint {
+            protocol: Protocol::Http,
+            url: url.into(),
+        })
+    }
+
+    fn grpc(url: &str) -> Option<Endpoint> {
+        Some(Endpoint {
+            protocol: Protocol::Grpc,
+            url: url.into(),
+        })
+    }
+
+    #[test]
+    fn no_endpoint_variable_no_endpoint() {
+        assert_eq!(from_env(&[], None), Ok(None));
+        assert_eq!(from_env(&[(ENV_ENDPOINT, " ")], None), Ok(None));
+        assert_eq!(from_env(&[(ENV_PROTOCOL, "grpc")], None), Ok(None));
+    }
+
+    #[test]
+    fn the_generic_endpoint_is_a_base_url_for_http() {
+        // http/protobuf is the default.
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "http://collector:4318")], None),
+            Ok(http("http://collector:4318/v1development/profiles"))
+        );
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "http://collector:4318/")], None),
+            Ok(http("http://collector:4318/v1development/profiles"))
+        );
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "http://gw:4318/otlp/")], None),
+            Ok(http("http://gw:4318/otlp/v1development/profiles"))
+        );
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "http://gw:4318/otlp")], None),
+            Ok(http("http://gw:4318/otlp/v1development/profiles"))
+        );
+        assert_eq!(
+            from_env(
+                &[
+                    (ENV_ENDPOINT, "http://collector"),
+                    (ENV_PROTOCOL, "http/protobuf")
+                ],
+                None
+            ),
+            Ok(http("http://collector:80/v1development/profiles"))
+        );
+    }
+
+    #[test]
+    fn the_profiles_endpoint_is_used_as_is_and_comes_first() {
+        assert_eq!(
+            from_env(
+                &[
+                    (ENV_PROFILES_ENDPOINT, "http://p:4318/custom/profiles"),
+                    (ENV_ENDPOINT, "http://other:4318")
+                ],
+                None
+            ),
+            Ok(http("http://p:4318/custom/profiles"))
+        );
+        assert_eq!(
+            from_env(&[(ENV_PROFILES_ENDPOINT, "http://p:4318")], None),
+            Ok(http("http://p:4318/"))
+        );
+        // An empty profiles variable is unset.
+        assert_eq!(
+            from_env(
+                &[(ENV_PROFILES_ENDPOINT, ""), (ENV_ENDPOINT, "http://g:1")],
+                None
+            ),
+            Ok(http("http://g:1/v1development/profiles"))
+        );
+    }
+
+    #[test]
+    fn grpc_takes_host_and_port_from_either_variable() {
+        assert_eq!(
+            from_env(
+                &[
+                    (ENV_ENDPOINT, "http://10.0.0.7:4317"),
+                    (ENV_PROTOCOL, "grpc")
+                ],
+                None
+            ),
+            Ok(grpc("http://10.0.0.7:4317"))
+        );
+        assert_eq!(
+            from_env(
+                &[
+                    (ENV_PROFILES_ENDPOINT, "http://c:4317/ignored"),
+                    (ENV_PROFILES_PROTOCOL, "grpc"),
+                    (ENV_PROTOCOL, "http/protobuf")
+                ],
+                None
+            ),
+            Ok(grpc("http://c:4317"))
+        );
+        // This agent's grpc:// scheme implies gRPC unless a protocol is named.
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "grpc://c")], None),
+            Ok(grpc("http://c:4317"))
+        );
+        // --otlp-protocol wins over the variables.
+        assert_eq!(
+            from_env(
+                &[(ENV_ENDPOINT, "http://c:4318"), (ENV_PROTOCOL, "grpc")],
+                Some(Protocol::Http)
+            ),
+            Ok(http("http://c:4318/v1development/profiles"))
+        );
+        assert_eq!(
+            from_env(&[(ENV_ENDPOINT, "http://[::1]:4317")], Some(Protocol::Grpc)),
+            Ok(grpc("http://[::1]:4317"))
+        );
+    }
+
+    #[test]
+    fn bad_variables_say_which_and_why() {
+        let err = |vars: &[(&str, &str)]| from_env(vars, None).unwrap_err();
+        let e = err(&[(ENV_ENDPOINT, "https://c:4318")]);
+        assert!(e.contains(ENV_ENDPOINT) && e.contains("TLS"), "{e}");
+        let e = err(&[(ENV_PROFILES_ENDPOINT, "c:4318")]);
+        assert!(
+            e.contains(ENV_PROFILES_ENDPOINT) && e.contains("URL"),
+            "{e}"
+        );
+        let e = err(&[(ENV_ENDPOINT, "http://")]);
+        assert!(e.contains("no host"), "{e}");
+        let e = err(&[(ENV_ENDPOINT, "http://c"), (ENV_PROTOCOL, "http/json")]);
+        assert!(e.contains(ENV_PROTOCOL) && e.contains("JSON"), "{e}");
+        let e = err(&[(ENV_ENDPOINT, "http://c"), (ENV_PROFILES_PROTOCOL, "udp")]);
+        assert!(
+            e.contains(ENV_PROFILES_PROTOCOL) && e.contains("unknown protocol"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn partial_successes_that_reject_profiles_are_failures() {
         use otel_thread_ctx_otlp::profiles::ExportProfilesPartialSuccess;
@@ -394,5 +725,23 @@ mod tests {
         };
         let f = partial_success(rejected).unwrap_err();
         assert!(!f.retryable && f.text.contains("rejected 2"));
+    }
+
+    #[test]
+    fn finish_stops_at_the_deadline_and_counts_what_was_not_sent() {
+        // A receiver that accepts connections and never answers.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let _held: Vec<_> = listener.incoming().collect();
+        });
+        let exporter = Exporter::start(parse_endpoint(&url, None).unwrap(), 4).unwrap();
+        let stats = exporter.stats.clone();
+        exporter.queue.push(ExportProfilesServiceRequest::default());
+        exporter.queue.push(ExportProfilesServiceRequest::default());
+        assert!(exporter.finish(Instant::now() + Duration::from_millis(300)));
+        assert_eq!(stats.sent.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.abandoned.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.unsent.load(Ordering::Relaxed), 2);
     }
 }

@@ -10,6 +10,10 @@
 //! - scanning: looks through /proc every [`SCAN_EVERY`];
 //! - building: names frames and builds each export, writes the file;
 //! - exporting: sends, retries, drops the oldest when the receiver is away.
+//!
+//! At SIGINT/SIGTERM the last interval is cut, and building and sending it
+//! (and what still waits) get [`SHUTDOWN_WITHIN`]: whatever the receiver
+//! does, the agent exits soon after, counting what it did not send.
 
 pub mod export;
 pub mod files;
@@ -34,6 +38,11 @@ const QUEUE_CAPACITY: usize = 16;
 const JOBS_WAITING: usize = 2;
 /// Processes profiled at once at most (the program's `targets` entries).
 const MAX_PROCESSES: u32 = 4096;
+/// From the arrival of SIGINT/SIGTERM, how long the last export may take to
+/// be built and sent: what is not sent by then is counted as unsent, and the
+/// agent exits. With the teardown after it, the agent exits within 2 s of
+/// the signal.
+pub const SHUTDOWN_WITHIN: Duration = Duration::from_millis(1500);
 
 pub struct Options {
     pub interval: Duration,
@@ -45,6 +54,8 @@ pub struct Options {
     /// Exports in the span-profile form, filed under which span.
     pub span_profiles: Option<otel_thread_ctx_formats::otlp::SpanProfiles>,
     pub selection: processes::Selection,
+    /// How often the agent logs its own metrics (`None`: never).
+    pub metrics_every: Option<Duration>,
 }
 
 /// Why the agent could not start.
@@ -52,7 +63,7 @@ pub struct Options {
 pub enum AgentError {
     #[error(transparent)]
     Sampler(#[from] SamplerError),
-    #[error("agent needs somewhere to export: --otlp-endpoint URL and/or --output-dir DIR")]
+    #[error("agent needs somewhere to export: --otlp-endpoint URL (or OTEL_EXPORTER_OTLP_ENDPOINT) and/or --output-dir DIR")]
     NoDestination,
     #[error("cannot use --output-dir {}: {source}", .path.display())]
     OutputDir {
@@ -95,6 +106,16 @@ pub fn run(opts: &Options) -> Result<Vec<String>, AgentError> {
 struct Job {
     intervals: Vec<profiled::Interval>,
     window: request::Window,
+}
+
+/// What the building thread has done, shared with the sampling thread so
+/// that a build still running at the shutdown deadline is given up whole.
+#[derive(Default)]
+struct Built {
+    /// Jobs taken and done (built and handed on, or found empty).
+    done: u64,
+    /// Set at the shutdown deadline: a build that ends later is dropped.
+    given_up: bool,
 }
 
 fn sample(
@@ -164,8 +185,10 @@ fn sample(
         span_profiles: opts.span_profiles,
     };
     let queue = exporter.as_ref().map(|e| e.queue.clone());
+    let built = Arc::new(std::sync::Mutex::new(Built::default()));
     let builder = {
         let exports = exports.clone();
+        let built = built.clone();
         std::thread::Builder::new()
             .name("build".into())
             .spawn(move || {
@@ -174,13 +197,19 @@ fn sample(
                 let symbolizer = blazesym::symbolize::Symbolizer::new();
                 for job in jobs {
                     let processes = job.intervals.len();
-                    let Some(req) = request::build(
+                    let req = request::build(
                         job.intervals,
                         job.window,
                         settings,
                         &host_name,
                         &symbolizer,
-                    ) else {
+                    );
+                    let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+                    if built.given_up {
+                        return;
+                    }
+                    built.done += 1;
+                    let Some(req) = req else {
                         continue;
                     };
                     exports.fetch_add(1, Ordering::Relaxed);
@@ -216,8 +245,20 @@ fn sample(
     let mut unattributed: u64 = 0;
     let mut seen_processes: u64 = 0;
     let mut skipped_exports: u64 = 0;
+    let mut jobs_sent: u64 = 0;
+    let mut deadline: Option<Instant> = None;
+    let mut metrics_logged = Instant::now();
     loop {
         let ending = otel_thread_ctx_reader::signals::requested().is_some();
+        if ending {
+            // Counted from the signal's arrival: an iteration that was busy
+            // when it came takes from the budget.
+            let since_signal = otel_thread_ctx_reader::signals::requested_at_monotonic_ns()
+                .map_or(Duration::ZERO, |at| {
+                    Duration::from_nanos(monotonic_ns().saturating_sub(at))
+                });
+            deadline = Some(Instant::now() + SHUTDOWN_WITHIN.saturating_sub(since_signal));
+        }
         for change in changes.try_iter() {
             match change {
                 processes::Change::Added(found) => {
@@ -283,31 +324,62 @@ fn sample(
             last_export = Instant::now();
             if !intervals.is_empty() {
                 let job = Job { intervals, window };
-                if ending {
-                    // The last one waits for the builder.
-                    let _ = jobs_tx.send(job);
-                } else if let Err(mpsc::TrySendError::Full(_)) = jobs_tx.try_send(job) {
-                    skipped_exports += 1;
-                    log("building exports is behind: this interval's samples are dropped");
+                match jobs_tx.try_send(job) {
+                    Ok(()) => jobs_sent += 1,
+                    Err(_) => {
+                        skipped_exports += 1;
+                        log("building exports is behind: this interval's samples are dropped");
+                    }
                 }
             }
             if let Some(e) = &exporter {
                 report_exporter(e);
             }
         }
+        if let Some(every) = opts.metrics_every {
+            if metrics_logged.elapsed() >= every && !ending {
+                metrics_logged = Instant::now();
+                let lost = loaded.lost();
+                log(&metrics_line(&Metrics {
+                    processes: profiled.values().filter(|p| !p.exited).count() as u64,
+                    processes_seen: seen_processes,
+                    samples: samples_total,
+                    samples_unattributed: unattributed,
+                    kernel_lost_samples: lost.ring_full,
+                    kernel_lost_waits: lost.blocked_table_full,
+                    exports: exports.load(Ordering::Relaxed),
+                    exports_skipped: skipped_exports,
+                    exporter: exporter.as_ref(),
+                    cpu_ns: otel_thread_ctx_profiler::system::own_cpu_ns(),
+                }));
+            }
+        }
         if ending {
             break;
         }
     }
+    let deadline = deadline.unwrap_or_else(|| Instant::now() + SHUTDOWN_WITHIN);
     let lost = loaded.lost();
     drop(loaded);
     stop.store(true, Ordering::Relaxed);
     drop(jobs_tx);
-    let _ = builder.join();
+    // The builder ends once the jobs sent are done, or is given up at the
+    // deadline (left to the process's exit).
+    while !builder.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let unbuilt = {
+        let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+        built.given_up = true;
+        jobs_sent - built.done
+    };
+    if builder.is_finished() {
+        let _ = builder.join();
+    }
     drop(changes);
     let _ = scanner.join();
     let mut lines = vec![format!(
-        "profiled {seen_processes} processes: {samples_total} samples ({unattributed} from processes no longer tracked), {} exports ({skipped_exports} skipped: building was behind)",
+        "profiled {seen_processes} processes: {samples_total} samples ({unattributed} from processes no longer tracked), {} exports ({skipped_exports} skipped: building was behind; {unbuilt} not built by the shutdown deadline)",
         exports.load(Ordering::Relaxed)
     )];
     if lost.ring_full + lost.blocked_table_full > 0 {
@@ -319,14 +391,21 @@ fn sample(
     if let Some(e) = exporter {
         let stats = e.stats.clone();
         let queue = e.queue.clone();
-        e.finish();
+        let stopped = e.finish(deadline);
         lines.push(format!(
-            "exporter: {} sent, {} failed attempts, {} given up, {} dropped from a full queue",
+            "exporter: {} sent, {} failed attempts, {} given up, {} dropped from a full queue, {} unsent at the shutdown deadline",
             stats.sent.load(Ordering::Relaxed),
             stats.failed_attempts.load(Ordering::Relaxed),
             stats.abandoned.load(Ordering::Relaxed),
-            queue.dropped()
+            queue.dropped(),
+            stats.unsent.load(Ordering::Relaxed)
         ));
+        if !stopped {
+            lines.push(
+                "the exporter had not stopped at the shutdown deadline: the exports it held are not counted"
+                    .into(),
+            );
+        }
     }
     lines.push(format!(
         "the agent used {:.3} s of CPU",
@@ -336,6 +415,52 @@ fn sample(
         lines.push(format!("ended by signal {sig}"));
     }
     Ok(lines)
+}
+
+/// What the periodic metrics line reports: counts since the start, but
+/// `processes`.
+struct Metrics<'a> {
+    /// Processes profiled now.
+    processes: u64,
+    processes_seen: u64,
+    samples: u64,
+    samples_unattributed: u64,
+    kernel_lost_samples: u64,
+    kernel_lost_waits: u64,
+    /// Exports built (written and/or queued for sending).
+    exports: u64,
+    /// Intervals dropped because building was behind.
+    exports_skipped: u64,
+    exporter: Option<&'a export::Exporter>,
+    cpu_ns: u64,
+}
+
+/// The metrics as one line of `key=value` words.
+fn metrics_line(m: &Metrics) -> String {
+    use std::sync::atomic::Ordering;
+    let mut line = format!(
+        "metrics: processes={} processes_seen={} samples={} samples_unattributed={} kernel_lost_samples={} kernel_lost_waits={} exports={} exports_skipped={}",
+        m.processes,
+        m.processes_seen,
+        m.samples,
+        m.samples_unattributed,
+        m.kernel_lost_samples,
+        m.kernel_lost_waits,
+        m.exports,
+        m.exports_skipped
+    );
+    if let Some(e) = m.exporter {
+        line.push_str(&format!(
+            " sent={} failed_attempts={} given_up={} dropped={} waiting={}",
+            e.stats.sent.load(Ordering::Relaxed),
+            e.stats.failed_attempts.load(Ordering::Relaxed),
+            e.stats.abandoned.load(Ordering::Relaxed),
+            e.queue.dropped(),
+            e.queue.len()
+        ));
+    }
+    line.push_str(&format!(" cpu_s={:.3}", m.cpu_ns as f64 / 1e9));
+    line
 }
 
 /// One line about the exporter when something went wrong since the start.
@@ -364,4 +489,29 @@ fn report_exporter(e: &export::Exporter) {
 /// The agent's log: one line on stderr.
 fn log(line: &str) {
     eprintln!("otel-thread-ctx agent: {line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metrics_line_is_key_value_words() {
+        let m = Metrics {
+            processes: 2,
+            processes_seen: 3,
+            samples: 1000,
+            samples_unattributed: 4,
+            kernel_lost_samples: 5,
+            kernel_lost_waits: 6,
+            exports: 7,
+            exports_skipped: 1,
+            exporter: None,
+            cpu_ns: 1_500_000_000,
+        };
+        assert_eq!(
+            metrics_line(&m),
+            "metrics: processes=2 processes_seen=3 samples=1000 samples_unattributed=4 kernel_lost_samples=5 kernel_lost_waits=6 exports=7 exports_skipped=1 cpu_s=1.500"
+        );
+    }
 }

@@ -25,6 +25,10 @@ pub struct Selection {
     /// Only processes whose command name or executable file name contains
     /// one of these (with or without a thread context).
     pub names: Vec<String>,
+    /// When not empty, only the processes above (by default: every one that
+    /// publishes a thread context) whose published process context has one
+    /// of these `service.name`s.
+    pub service_names: Vec<String>,
 }
 
 impl Selection {
@@ -42,6 +46,13 @@ impl Selection {
                 .names
                 .iter()
                 .any(|n| comm.contains(n.as_str()) || exe_name.contains(n.as_str()))
+    }
+
+    /// Whether a process whose process context publishes `service_name`
+    /// (`None`: no process context, or no `service.name` in it) is wanted.
+    fn admits_service(&self, service_name: Option<&str>) -> bool {
+        self.service_names.is_empty()
+            || service_name.is_some_and(|s| self.service_names.iter().any(|n| n == s))
     }
 }
 
@@ -151,6 +162,16 @@ impl Watcher {
         let maps = maps::read(pid).ok().filter(|m| !m.is_empty())?;
         if !self.selection.explicit() && !self.publishes(pid, &maps) {
             return None;
+        }
+        if !self.selection.service_names.is_empty() {
+            // Read at every scan until it matches: a process may publish its
+            // process context some time after its thread context.
+            let (_, memory) = otel_thread_ctx_reader::target::open_memory(pid).ok()?;
+            let (published, _) = otel_thread_ctx_profiler::plan::process_context(&maps, &memory);
+            let service_name = published.as_ref().and_then(crate::resource::service_name);
+            if !self.selection.admits_service(service_name) {
+                return None;
+            }
         }
         let target = Target::open(pid).ok()?;
         let (plan, notes) = plan_for(pid, &target);
@@ -284,11 +305,31 @@ mod tests {
         let named = Selection {
             pids: vec![7],
             names: vec!["api".into()],
+            service_names: Vec::new(),
         };
         assert!(named.admits(7, "x", "y"));
         assert!(named.admits(8, "api-server", "node"));
         assert!(named.admits(9, "node", "my-api"));
         assert!(!named.admits(10, "node", "node"));
+    }
+
+    #[test]
+    fn service_names_narrow_the_selection() {
+        let every = Selection::default();
+        assert!(every.admits_service(None));
+        assert!(every.admits_service(Some("checkout")));
+        let narrowed = Selection {
+            service_names: vec!["checkout".into(), "cart".into()],
+            ..Selection::default()
+        };
+        // Narrowing alone keeps the default: publishing processes.
+        assert!(!narrowed.explicit());
+        assert!(narrowed.admits(1, "node", "node"));
+        assert!(narrowed.admits_service(Some("checkout")));
+        assert!(narrowed.admits_service(Some("cart")));
+        assert!(!narrowed.admits_service(Some("Checkout")));
+        assert!(!narrowed.admits_service(Some("checkout-v2")));
+        assert!(!narrowed.admits_service(None));
     }
 
     #[test]

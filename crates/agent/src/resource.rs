@@ -50,6 +50,19 @@ pub fn resource(published: Option<Resource>, p: &Process) -> Resource {
     r
 }
 
+/// The `service.name` a published Resource holds (a string value), if any.
+pub fn service_name(published: &Resource) -> Option<&str> {
+    use otel_thread_ctx_otlp::any_value::Value;
+    published
+        .attributes
+        .iter()
+        .find(|kv| kv.key == "service.name")
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            Value::StringValue(s) => Some(s.as_str()),
+            _ => None,
+        })
+}
+
 /// This host's name (`uname -n`).
 pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -97,6 +110,28 @@ mod tests {
                 .count(),
             1
         );
+    }
+
+    #[test]
+    fn the_published_service_name_is_read_as_a_string() {
+        let named = Resource {
+            attributes: vec![
+                KeyValue::new("host.name", AnyValue::string("h1")),
+                KeyValue::new("service.name", AnyValue::string("checkout")),
+            ],
+            dropped_attributes_count: 0,
+        };
+        assert_eq!(service_name(&named), Some("checkout"));
+        let not_a_string = Resource {
+            attributes: vec![KeyValue::new("service.name", AnyValue::int(3))],
+            dropped_attributes_count: 0,
+        };
+        assert_eq!(service_name(&not_a_string), None);
+        let unnamed = Resource {
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+        };
+        assert_eq!(service_name(&unnamed), None);
     }
 
     #[test]

@@ -141,6 +141,8 @@ enum Command {
         off_cpu: bool,
         /// Send every export to this OTLP receiver: grpc://host:port (OTLP/gRPC, default port 4317)
         /// or http://host:port[/path] (OTLP/HTTP protobuf, default port 4318 and path /v1development/profiles).
+        /// Default: OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT, with
+        /// OTEL_EXPORTER_OTLP_[PROFILES_]PROTOCOL (grpc, http/protobuf), as OpenTelemetry exporters read them.
         #[arg(long)]
         otlp_endpoint: Option<String>,
         /// Protocol to use whatever the endpoint's scheme says.
@@ -160,6 +162,14 @@ enum Command {
         /// whether or not they publish a thread context.
         #[arg(long = "process-name", value_name = "NAME")]
         process_names: Vec<String>,
+        /// Profile only processes whose published process context has `service.name` equal to NAME
+        /// (repeatable: any of them); narrows the processes selected otherwise.
+        #[arg(long = "service-name", value_name = "NAME", value_parser = parse_service_name)]
+        service_names: Vec<String>,
+        /// Seconds between the agent's own metrics lines on stderr (processes, samples, exports
+        /// sent, retried and dropped); 0: none.
+        #[arg(long, default_value_t = 60.0, value_parser = parse_metrics_interval)]
+        metrics_interval: f64,
         /// Span profiles for Grafana Pyroscope (or another backend that files samples by span id):
         /// each OTLP sample is filed under its local root span (`root`: a `span_id` attribute holding
         /// the root's id; matches ProfileIdSpanProcessor's default) or under the innermost span it ran
@@ -181,6 +191,22 @@ fn parse_interval(s: &str) -> Result<f64, String> {
         Ok(v) if (0.1..=3_600.0).contains(&v) => Ok(v),
         _ => Err("must be a number of seconds in [0.1, 3600]".into()),
     }
+}
+
+fn parse_metrics_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v == 0.0 || (1.0..=86_400.0).contains(&v) => Ok(v),
+        _ => Err("must be 0 (no metrics lines) or a number of seconds in [1, 86400]".into()),
+    }
+}
+
+fn parse_service_name(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err(
+            "must be a service name (the process context's service.name), not empty".into(),
+        );
+    }
+    Ok(s.to_string())
 }
 
 fn parse_profile_hz(s: &str) -> Result<u64, String> {
@@ -220,12 +246,15 @@ fn main() -> ExitCode {
             output_max_mib,
             pids,
             process_names,
+            service_names,
+            metrics_interval,
             span_profiles,
         } => {
-            let endpoint = match otlp_endpoint
-                .map(|url| agent::export::parse_endpoint(&url, otlp_protocol))
-                .transpose()
-            {
+            let endpoint = match otlp_endpoint {
+                Some(url) => agent::export::parse_endpoint(&url, otlp_protocol).map(Some),
+                None => agent::export::endpoint_from_env(|n| std::env::var(n).ok(), otlp_protocol),
+            };
+            let endpoint = match endpoint {
                 Ok(e) => e,
                 Err(e) => {
                     eprintln!("otel-thread-ctx: {e}");
@@ -247,7 +276,10 @@ fn main() -> ExitCode {
                 selection: agent::processes::Selection {
                     pids,
                     names: process_names,
+                    service_names,
                 },
+                metrics_every: (metrics_interval > 0.0)
+                    .then(|| Duration::from_secs_f64(metrics_interval)),
             };
             match agent::run(&opts) {
                 Err(e) => {

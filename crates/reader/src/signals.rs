@@ -5,9 +5,12 @@
 //! stopped at that moment is still read to the end and detached by its guard,
 //! and the command loops then stop at the next thread boundary.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 static REQUESTED: AtomicI32 = AtomicI32::new(0);
+
+/// CLOCK_MONOTONIC (ns) when the first termination signal arrived; 0 before.
+static REQUESTED_AT_NS: AtomicU64 = AtomicU64::new(0);
 
 /// Whether the alarm reaps exited tracees (only while a seize waits).
 static REAP_EXITED: AtomicBool = AtomicBool::new(false);
@@ -18,6 +21,10 @@ pub fn reap_exited_tracees(on: bool) {
 }
 
 extern "C" fn on_terminate(sig: libc::c_int) {
+    // clock_gettime is async-signal-safe; a 0 reading (never, in practice)
+    // would only read as "no time recorded".
+    let now = crate::thread::monotonic_ns();
+    let _ = REQUESTED_AT_NS.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
     REQUESTED.store(sig, Ordering::SeqCst);
 }
 
@@ -73,6 +80,16 @@ pub fn install_handlers() {
         install(sig, on_terminate);
     }
     install(libc::SIGALRM, on_alarm);
+}
+
+/// When the first termination signal arrived (CLOCK_MONOTONIC, ns), if one
+/// did: a shutdown bounded from the signal itself, not from when a loop
+/// noticed it.
+pub fn requested_at_monotonic_ns() -> Option<u64> {
+    match REQUESTED_AT_NS.load(Ordering::SeqCst) {
+        0 => None,
+        at => Some(at),
+    }
 }
 
 /// The termination signal received so far, if any.
