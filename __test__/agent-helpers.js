@@ -51,13 +51,21 @@ async function startService(t, cwd, name, mode) {
   return { child, ids, name };
 }
 
+/** This process's environment without the OpenTelemetry exporter variables (the agent reads them), plus `extra`. */
+function withoutExporterEnv(extra = {}) {
+  const env = { ...process.env };
+  for (const name of Object.keys(env)) if (name.startsWith('OTEL_EXPORTER_OTLP_')) delete env[name];
+  return { ...env, ...extra };
+}
+
 /**
- * Starts the agent in `cwd`; `waitFor(re)` resolves with the first log
- * line matching `re`, `stop()` sends SIGTERM and resolves with the exit
- * code and the log.
+ * Starts the agent in `cwd` with `env` (by default this process's without
+ * the exporter variables); `waitFor(re)` resolves with the first log line
+ * matching `re`, `stop()` sends SIGTERM and resolves with the exit code
+ * and the log.
  */
-function startAgent(t, cwd, args) {
-  const child = spawn(READER, ['agent', ...args], { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+function startAgent(t, cwd, args, env = withoutExporterEnv()) {
+  const child = spawn(READER, ['agent', ...args], { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] });
   const lines = [];
   const waiters = [];
   const take = (line) => {
@@ -180,4 +188,4 @@ function assertComplete(seen, service) {
   for (const spanId of p.links.keys()) assert.ok(known.has(spanId), `pid ${service.ids.pid} links to an unknown span ${spanId}`);
 }
 
-module.exports = { READER, sleep, until, describe, startService, startAgent, byProcess, merge, readNewFiles, complete, assertComplete };
+module.exports = { READER, sleep, until, describe, startService, withoutExporterEnv, startAgent, byProcess, merge, readNewFiles, complete, assertComplete };
