@@ -15,13 +15,13 @@ const fs = require('node:fs');
 const http = require('node:http');
 const net = require('node:net');
 const path = require('node:path');
-const { spawnSync } = require('node:child_process');
+const { spawn, spawnSync } = require('node:child_process');
 const { exited, profileUnavailable, scratchDir } = require('./helpers');
 const { collectorBinary, startCollector } = require('../tools/collector');
 
 const shared = require('./agent-helpers');
 
-const { READER, until, describe, withoutExporterEnv, byProcess, merge, complete, assertComplete } = shared;
+const { READER, until, describe, withoutExporterEnv, byProcess, merge, readNewFiles, complete, assertComplete } = shared;
 
 // The agent needs what profile needs.
 const skip = profileUnavailable(READER);
@@ -43,6 +43,12 @@ function freePort() {
   });
 }
 
+/** A thread's capability set `set` (CapEff, CapPrm, ...) from its status text. */
+const capabilitySet = (status, set) => BigInt(`0x${new RegExp(`^${set}:\\s*([0-9a-f]+)`, 'm').exec(status)[1]}`);
+
+/** What the agent keeps once its programs are attached: CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH. */
+const kept = (1n << 39n) | (1n << 19n) | (1n << 2n);
+
 // Frame mode where this Node line has it (24 and later by default), record mode elsewhere.
 const DEFAULT_MODE_LABEL = Number(process.versions.node.split('.')[0]) >= 24 ? 'frame' : 'record';
 
@@ -55,17 +61,24 @@ test('agent: --output-dir, processes started before and after it, exits noticed'
   await agent.waitFor(new RegExp(`profiling pid ${after.ids.pid} `), 'the service started after it');
   const read = new Set();
   const seen = new Map();
-  await until('both services whole in the files', () => {
-    for (const name of fs.readdirSync(dir).filter((n) => n.endsWith('.otlp.pb')).sort()) {
-      if (read.has(name)) continue;
-      read.add(name);
-      merge(seen, byProcess(fs.readFileSync(path.join(dir, name))));
-    }
-    return complete(seen, before) && complete(seen, after);
-  }, { explain: () => describe(seen) });
+  await until('both services whole in the files', () => complete(readNewFiles(dir, read, seen), before) && complete(seen, after), {
+    explain: () => describe(seen),
+  });
   assertComplete(seen, before);
   assertComplete(seen, after);
   assert.deepStrictEqual(seen.get(before.ids.pid).types.sort(), ['cpu', 'off_cpu']);
+  // Once its programs were attached, every thread of the agent holds
+  // CAP_BPF, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH at most (all three,
+  // run as root), and none can regain more.
+  for (const tid of fs.readdirSync(`/proc/${agent.child.pid}/task`)) {
+    const status = fs.readFileSync(`/proc/${agent.child.pid}/task/${tid}/status`, 'utf8');
+    for (const set of ['CapEff', 'CapPrm', 'CapBnd']) {
+      const caps = capabilitySet(status, set);
+      assert.strictEqual(caps & ~kept, 0n, `thread ${tid}: ${set} ${caps.toString(16)}`);
+      if (set === 'CapEff') assert.strictEqual(caps, kept, `thread ${tid}: ${set} ${caps.toString(16)}`);
+    }
+    assert.match(status, /^NoNewPrivs:\s*1$/m, `thread ${tid}`);
+  }
   // An exit is noticed, and the agent goes on.
   after.child.kill('SIGKILL');
   await agent.waitFor(new RegExp(`pid ${after.ids.pid} exited`), 'the exit of the later service');
@@ -232,6 +245,52 @@ test('agent: with no --otlp-endpoint, the endpoint and protocol come from OTEL_E
   const { code, log } = await agent.stop();
   assert.strictEqual(code, 0, log);
   assert.match(log, /exporter: [1-9]\d* sent/);
+});
+
+/** Why the agent cannot be run here as another user with file capabilities, or null. */
+function capabilityTrialUnavailable() {
+  if (skip) return skip;
+  for (const tool of ['setpriv', 'setcap']) {
+    if (spawnSync(tool, ['--version'], { encoding: 'utf8' }).error) return `${tool} is not installed`;
+  }
+  return null;
+}
+
+test('agent: as an unprivileged user with the documented file capabilities, it profiles another user\'s service, then holds three', { skip: capabilityTrialUnavailable() ?? false }, async (t) => {
+  // A copy of the reader other users may run, given the four capabilities by file.
+  const dir = scratchDir('otel-thread-ctx-agent-caps-');
+  fs.chmodSync(dir, 0o777);
+  const binary = path.join(dir, 'otel-thread-ctx');
+  fs.copyFileSync(READER, binary);
+  fs.chmodSync(binary, 0o755);
+  const setcap = spawnSync('setcap', ['cap_bpf,cap_perfmon,cap_sys_ptrace,cap_dac_read_search+ep', binary], { encoding: 'utf8' });
+  assert.strictEqual(setcap.status, 0, setcap.stderr);
+  // The service runs as root: another user's process.
+  const service = await startService(t, 'agent-unprivileged', undefined);
+  const out = path.join(dir, 'out');
+  const child = spawn('setpriv', ['--reuid=nobody', '--regid=nogroup', '--clear-groups', binary, 'agent', '--interval', '1', '--output-dir', out, '--pid', String(service.ids.pid)], {
+    cwd: dir,
+    env: withoutExporterEnv(),
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  t.after(() => child.kill('SIGKILL'));
+  let log = '';
+  child.stderr.on('data', (d) => (log += d));
+  const read = new Set();
+  const seen = new Map();
+  await until('the service whole in the files of the unprivileged agent', () => fs.existsSync(out) && complete(readNewFiles(out, read, seen), service), {
+    explain: () => `${describe(seen)}\n${log}`,
+  });
+  assertComplete(seen, service);
+  for (const tid of fs.readdirSync(`/proc/${child.pid}/task`)) {
+    const status = fs.readFileSync(`/proc/${child.pid}/task/${tid}/status`, 'utf8');
+    assert.match(status, /^Uid:\s+65534\b/m);
+    assert.strictEqual(capabilitySet(status, 'CapEff'), kept, `thread ${tid}`);
+    assert.strictEqual(capabilitySet(status, 'CapPrm'), kept, `thread ${tid}`);
+  }
+  child.kill('SIGTERM');
+  assert.strictEqual(await exited(child, 30000), 0, log);
+  assert.doesNotMatch(log, /could not give up/);
 });
 
 test('agent: bad flags are usage errors', { skip: READER === null ? 'the reader is not built' : false }, () => {

@@ -93,13 +93,26 @@ pub fn run(opts: &Options) -> Result<Vec<String>, AgentError> {
         ),
         None => None,
     };
+    let loaded = loader::Loaded::attach(opts.hz, opts.off_cpu, MAX_PROCESSES)
+        .map_err(|e| AgentError::Sampler(e.into()))?;
+    // Loaded and attached: what is left is reading targets and adding them
+    // to the maps. Given up before any other thread starts (capabilities
+    // are per thread), so no thread that parses what targets wrote, or
+    // talks to the network, holds more.
+    if let Err(e) = otel_thread_ctx_profiler::system::keep_only_capabilities(
+        &otel_thread_ctx_profiler::system::CAPABILITIES_AFTER_LOAD,
+    ) {
+        log(&format!(
+            "could not give up the capabilities it no longer needs: {e}"
+        ));
+    }
     let exporter = match &opts.endpoint {
         Some(e) => {
             Some(export::Exporter::start(e.clone(), QUEUE_CAPACITY).map_err(AgentError::Exporter)?)
         }
         None => None,
     };
-    sample(opts, files, exporter)
+    sample(opts, loaded, files, exporter)
 }
 
 /// What the building thread is handed at each export.
@@ -120,6 +133,7 @@ struct Built {
 
 fn sample(
     opts: &Options,
+    mut loaded: loader::Loaded,
     mut files: Option<files::Files>,
     exporter: Option<export::Exporter>,
 ) -> Result<Vec<String>, AgentError> {
@@ -130,8 +144,6 @@ fn sample(
 
     use otel_thread_ctx_reader::thread::monotonic_ns;
 
-    let mut loaded = loader::Loaded::attach(opts.hz, opts.off_cpu, MAX_PROCESSES)
-        .map_err(|e| AgentError::Sampler(e.into()))?;
     log(&format!(
         "sampling at {} Hz{}, exporting every {:.1} s{}{}",
         opts.hz,
