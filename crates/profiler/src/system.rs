@@ -158,7 +158,9 @@ mod tests {
         std::thread::spawn(|| {
             let before = thread_caps("CapEff");
             keep_only_capabilities(&CAPABILITIES_AFTER_LOAD).unwrap();
-            let mask = CAPABILITIES_AFTER_LOAD.iter().fold(0u64, |m, &c| m | 1 << c);
+            let mask = CAPABILITIES_AFTER_LOAD
+                .iter()
+                .fold(0u64, |m, &c| m | 1 << c);
             for field in ["CapEff", "CapPrm"] {
                 assert_eq!(thread_caps(field), before & mask, "{field}");
             }

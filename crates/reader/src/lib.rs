@@ -17,6 +17,7 @@
 //! threads, and the alarm that bounds a wait for a ptrace stop; a program
 //! that uses [`ptrace`] installs its handlers once at start-up.
 
+pub mod clock;
 pub mod conformance;
 pub mod discovery;
 pub mod elf;

@@ -23,7 +23,7 @@ pub fn reap_exited_tracees(on: bool) {
 extern "C" fn on_terminate(sig: libc::c_int) {
     // clock_gettime is async-signal-safe; a 0 reading (never, in practice)
     // would only read as "no time recorded".
-    let now = crate::thread::monotonic_ns();
+    let now = crate::clock::monotonic_ns();
     let _ = REQUESTED_AT_NS.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
     REQUESTED.store(sig, Ordering::SeqCst);
 }

@@ -105,16 +105,7 @@ impl ThreadRead {
     }
 }
 
-/// CLOCK_MONOTONIC in nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use crate::clock::monotonic_ns;
 
 /// Reads `tid`'s context while it is stopped. Returns `Err` only for a
 /// permission failure ([`StopError::Permission`]), which makes every further attempt pointless. A
