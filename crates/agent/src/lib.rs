@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use otel_thread_ctx_formats::count;
 use otel_thread_ctx_profiler::loader;
 use otel_thread_ctx_profiler::SamplerError;
 
@@ -232,9 +233,11 @@ fn sample(
                             job.window.start_unix_ns + job.window.duration_ns,
                             &data.encode_to_vec(),
                         ) {
-                            Ok(path) => {
-                                log(&format!("wrote {} ({processes} processes)", path.display()))
-                            }
+                            Ok(path) => log(&format!(
+                                "wrote {} ({})",
+                                path.display(),
+                                count(processes as u64, "process", "processes")
+                            )),
                             Err(e) => log(&format!("cannot write the export: {e}")),
                         }
                     }
@@ -391,13 +394,16 @@ fn sample(
     drop(changes);
     let _ = scanner.join();
     let mut lines = vec![format!(
-        "profiled {seen_processes} processes: {samples_total} samples ({unattributed} from processes no longer tracked), {} exports ({skipped_exports} skipped: building was behind; {unbuilt} not built by the shutdown deadline)",
-        exports.load(Ordering::Relaxed)
+        "profiled {}: {} ({unattributed} from processes no longer tracked), {} ({skipped_exports} skipped: building was behind; {unbuilt} not built by the shutdown deadline)",
+        count(seen_processes, "process", "processes"),
+        count(samples_total, "sample", "samples"),
+        count(exports.load(Ordering::Relaxed), "export", "exports")
     )];
     if lost.ring_full + lost.blocked_table_full > 0 {
         lines.push(format!(
-            "the kernel side dropped {} samples (ring buffer full) and {} waits (too many blocked threads)",
-            lost.ring_full, lost.blocked_table_full
+            "the kernel side dropped {} (ring buffer full) and {} (too many blocked threads)",
+            count(lost.ring_full, "sample", "samples"),
+            count(lost.blocked_table_full, "wait", "waits")
         ));
     }
     if let Some(e) = exporter {
