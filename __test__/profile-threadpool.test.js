@@ -344,7 +344,8 @@ test('pprof and folded outputs mark pool samples; --no-threadpool turns it off',
   const off = path.join(tmp, 'off.jsonl');
   const runs = [
     profile(service.pid, ['--hz', String(HZ), '-o', pprof]),
-    profile(service.pid, ['--hz', String(HZ), '--format', 'folded', '--group-by', 'thread', '-o', folded]),
+    // Every trace's file, however few its samples: the first item's is read below.
+    profile(service.pid, ['--hz', String(HZ), '--format', 'folded', '--group-by', 'thread', '--min-trace-samples', '1', '-o', folded]),
     profile(service.pid, ['--hz', String(HZ), '--format', 'jsonl', '--no-threadpool', '-o', off]),
   ];
   await attached(...runs);
