@@ -411,9 +411,13 @@ fn sample(
         let queue = e.queue.clone();
         let stopped = e.finish(deadline);
         lines.push(format!(
-            "exporter: {} sent, {} failed attempts, {} given up, {} dropped from a full queue, {} unsent at the shutdown deadline",
+            "exporter: {} sent, {}, {} given up, {} dropped from a full queue, {} unsent at the shutdown deadline",
             stats.sent.load(Ordering::Relaxed),
-            stats.failed_attempts.load(Ordering::Relaxed),
+            count(
+                stats.failed_attempts.load(Ordering::Relaxed),
+                "failed attempt",
+                "failed attempts"
+            ),
             stats.abandoned.load(Ordering::Relaxed),
             queue.dropped(),
             stats.unsent.load(Ordering::Relaxed)
@@ -496,8 +500,9 @@ fn report_exporter(e: &export::Exporter) {
         .clone()
         .unwrap_or_default();
     log(&format!(
-        "exporter: {} sent, {failed} failed attempts, {} given up, {} dropped from a full queue, {} waiting; last error: {last}",
+        "exporter: {} sent, {}, {} given up, {} dropped from a full queue, {} waiting; last error: {last}",
         e.stats.sent.load(Ordering::Relaxed),
+        count(failed, "failed attempt", "failed attempts"),
         e.stats.abandoned.load(Ordering::Relaxed),
         e.queue.dropped(),
         e.queue.len()

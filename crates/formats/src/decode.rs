@@ -306,9 +306,13 @@ fn add_profile(
             events
         } else {
             return Err(format!(
-                "sample {n}: {} values but {} timestamps",
-                s.values.len(),
-                s.timestamps_unix_nano.len()
+                "sample {n}: {} but {}",
+                crate::count(s.values.len() as u64, "value", "values"),
+                crate::count(
+                    s.timestamps_unix_nano.len() as u64,
+                    "timestamp",
+                    "timestamps"
+                )
             ));
         };
         if events.is_empty() {
