@@ -200,4 +200,44 @@ test('convert', { skip: skip ?? false }, async (t) => {
     assert.match(few.stderr, /^wrote no per-trace file: traces with at least 1000000 samples \(--min-trace-samples\); \d+ traces? with fewer left out$/m);
     assert.deepStrictEqual(fs.readdirSync(tmp).filter((f) => /^few\..+\.svg$/.test(f)), []);
   });
+  await t.test('the agent\'s --output-dir files, merged', async (t) => {
+    const dir = path.join(tmp, 'agent');
+    const agent = spawn(READER, ['agent', '--interval', '1', '--pid', String(ids.pid), '--output-dir', dir], { cwd: tmp, stdio: ['ignore', 'ignore', 'pipe'] });
+    let log = '';
+    agent.stderr.on('data', (d) => { log += d; });
+    t.after(() => agent.kill('SIGKILL'));
+    // Three exports, then SIGINT.
+    const deadline = Date.now() + 120000;
+    while ((log.match(/^otel-thread-ctx agent: wrote .*\.otlp\.pb \(1 process\)$/gm) ?? []).length < 3) {
+      assert.ok(Date.now() < deadline && agent.exitCode === null, `the agent wrote no 3 exports:\n${log}`);
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+    agent.kill('SIGINT');
+    await exited(agent);
+    assert.match(log, /profiled 1 process: /);
+    const files = fs.readdirSync(dir).filter((f) => f.endsWith('.otlp.pb')).sort().map((f) => path.join(dir, f));
+    assert.ok(files.length >= 3, files.join(' '));
+    const r = convert([...files, '--format', 'folded', '-o', 'agent.folded', '--span-name', 'worker', '--min-trace-samples', '1'], tmp);
+    assert.strictEqual(r.status, 0, r.stderr);
+    assert.match(r.stderr, new RegExp(`^read ${files.length} files \\(pid ${ids.pid}\\): \\d+ samples on CPU$`, 'm'));
+    const lines = folded(path.join(tmp, 'agent.folded'));
+    assert.ok(lines.length > 0 && lines.every(([stack]) => stack.startsWith('/worker/cpu;')), JSON.stringify(lines.slice(0, 3)));
+    // The worker's one trace spans the exports: one per-trace file.
+    assert.match(r.stderr, /^wrote 1 per-trace file beside it /m);
+    assert.ok(fs.existsSync(path.join(tmp, `agent.${worker.span.traceId}.folded`)));
+  });
+
+  await t.test('profile keeps the matching samples too, in folded stacks and JSON lines', () => {
+    const run = (args) => spawnSync(READER, ['profile', '--pid', String(ids.pid), '--duration', '2', ...args], { cwd: tmp, encoding: 'utf8' });
+    const f = run(['--format', 'folded', '-o', 'p.folded', '--endpoint', '/main/cpu', '--max-traces', '0']);
+    assert.strictEqual(f.status, 0, f.stderr);
+    assert.match(f.stderr, /^kept \d+ of \d+ samples: the ones matching --endpoint "\/main\/cpu"$/m);
+    const lines = folded(path.join(tmp, 'p.folded'));
+    assert.ok(lines.length > 0 && lines.every(([stack]) => stack.startsWith('/main/cpu;')), JSON.stringify(lines.slice(0, 3)));
+    const j = run(['--format', 'jsonl', '-o', 'p.jsonl', '--trace-id', worker.span.traceId]);
+    assert.strictEqual(j.status, 0, j.stderr);
+    const samples = fs.readFileSync(path.join(tmp, 'p.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    assert.ok(samples.length > 0);
+    assert.ok(samples.every((x) => x.trace_id === worker.span.traceId && x.tid === worker.tid), JSON.stringify(samples.slice(0, 2)));
+  });
 });
