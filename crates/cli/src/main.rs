@@ -637,4 +637,59 @@ mod tests {
             .to_string();
         assert!(help.contains("--spans"), "{help}");
     }
+
+    #[test]
+    fn filters_repeat_and_trace_ids_are_checked() {
+        let parse = |args: &[&str]| {
+            let argv = ["otel-thread-ctx", "convert", "a.otlp.pb"]
+                .into_iter()
+                .chain(args.iter().copied());
+            Cli::try_parse_from(argv).map(|cli| match cli.command {
+                Command::Convert {
+                    filter, group_by, ..
+                } => (filter.filter(), group_by),
+                _ => unreachable!(),
+            })
+        };
+        let (f, group_by) = parse(&[
+            "--endpoint",
+            "/a",
+            "--endpoint",
+            "GET /b",
+            "--span-name",
+            "sort",
+            "--trace-id",
+            "0102030405060708090A0B0C0D0E0F10",
+        ])
+        .unwrap();
+        assert_eq!(f.endpoints, ["/a", "GET /b"]);
+        assert_eq!(f.span_names, ["sort"]);
+        assert_eq!(
+            f.trace_ids,
+            [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
+        );
+        assert_eq!(group_by, None);
+        assert!(parse(&[]).unwrap().0.is_empty());
+        for bad in [
+            &["--trace-id", "abc"][..],
+            &["--trace-id", "00000000000000000000000000000000"],
+            &["--format", "jsonl"],
+            &["--format", "otlp"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(Cli::try_parse_from(["otel-thread-ctx", "convert"]).is_err());
+        // profile takes the same filters.
+        assert!(Cli::try_parse_from([
+            "otel-thread-ctx",
+            "profile",
+            "--pid",
+            "1",
+            "--span-name",
+            "x",
+            "--trace-id",
+            "zz"
+        ])
+        .is_err());
+    }
 }
