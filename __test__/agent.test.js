@@ -85,7 +85,7 @@ test('agent: --output-dir, processes started before and after it, exits noticed'
   const { code, log } = await agent.stop();
   assert.strictEqual(code, 0, log);
   assert.match(log, /ended by signal 15/);
-  assert.match(log, /profiled \d+ processes: \d+ samples/);
+  assert.match(log, /profiled \d+ process(?:es)?: \d+ samples? /);
   // Every file the agent wrote passes the conformance rules.
   const files = fs.readdirSync(dir).filter((n) => n.endsWith('.otlp.pb')).map((n) => path.join(dir, n));
   assert.ok(files.length >= 2, `only ${files.length} files`);
@@ -126,7 +126,7 @@ test('agent: OTLP/gRPC and OTLP/HTTP to a real Collector, which goes away and co
 
   await t.test('the Collector goes away and comes back: the agent keeps sampling and resumes', async () => {
     await collector.stop();
-    await agent.waitFor(/exporter: .*failed attempts/, 'a failed export');
+    await agent.waitFor(/exporter: .*failed attempts?/, 'a failed export');
     assert.strictEqual(agent.child.exitCode, null, 'the agent is still running');
     const restarted = Date.now();
     collector = await startCollector(got.binary, options);
@@ -134,7 +134,7 @@ test('agent: OTLP/gRPC and OTLP/HTTP to a real Collector, which goes away and co
     assert.strictEqual(agent.child.exitCode, null);
     const { code, log } = await agent.stop();
     assert.strictEqual(code, 0, log);
-    assert.match(log, /exporter: [1-9]\d* sent, [1-9]\d* failed attempts/);
+    assert.match(log, /exporter: [1-9]\d* sent, [1-9]\d* failed attempts?/);
   });
 
   await t.test('OTLP/HTTP', async () => {
@@ -189,7 +189,7 @@ test('agent: SIGTERM ends it promptly whatever the receiver does, counting what 
   });
   const silentPort = silent.address().port;
   const cases = [
-    { what: 'nothing listens (OTLP/gRPC)', endpoint: `grpc://127.0.0.1:${await freePort()}`, ready: (agent) => agent.waitFor(/exporter: .*failed attempts/, 'a failed export') },
+    { what: 'nothing listens (OTLP/gRPC)', endpoint: `grpc://127.0.0.1:${await freePort()}`, ready: (agent) => agent.waitFor(/exporter: .*failed attempts?/, 'a failed export') },
     { what: 'the receiver never answers (OTLP/HTTP)', endpoint: `http://127.0.0.1:${silentPort}`, silent: true },
     { what: 'the receiver never answers (OTLP/gRPC)', endpoint: `grpc://127.0.0.1:${silentPort}`, silent: true },
   ];
@@ -209,7 +209,7 @@ test('agent: SIGTERM ends it promptly whatever the receiver does, counting what 
       assert.strictEqual(code, 0, log);
       // The agent bounds its shutdown at 2 s; a generous bound here, for a busy machine.
       assert.ok(ms < 5000, `exited ${ms.toFixed(0)} ms after SIGTERM:\n${log}`);
-      const summary = /exporter: (\d+) sent, \d+ failed attempts, \d+ given up, \d+ dropped from a full queue, (\d+) unsent at the shutdown deadline/.exec(log);
+      const summary = /exporter: (\d+) sent, \d+ failed attempts?, \d+ given up, \d+ dropped from a full queue, (\d+) unsent at the shutdown deadline/.exec(log);
       assert.ok(summary, log);
       assert.strictEqual(Number(summary[1]), 0, log);
       assert.ok(Number(summary[2]) >= 1, `nothing counted as unsent:\n${log}`);

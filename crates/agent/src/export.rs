@@ -466,8 +466,13 @@ fn partial_success(r: ExportProfilesServiceResponse) -> Result<(), Failure> {
     match r.partial_success {
         Some(p) if p.rejected_profiles > 0 => Err(Failure {
             text: format!(
-                "the receiver rejected {} profiles: {}",
-                p.rejected_profiles, p.error_message
+                "the receiver rejected {}: {}",
+                otel_thread_ctx_formats::count(
+                    p.rejected_profiles.max(0) as u64,
+                    "profile",
+                    "profiles"
+                ),
+                p.error_message
             ),
             retryable: false,
         }),

@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use otel_thread_ctx_formats::count;
 use otel_thread_ctx_profiler::loader;
 use otel_thread_ctx_profiler::SamplerError;
 
@@ -232,9 +233,11 @@ fn sample(
                             job.window.start_unix_ns + job.window.duration_ns,
                             &data.encode_to_vec(),
                         ) {
-                            Ok(path) => {
-                                log(&format!("wrote {} ({processes} processes)", path.display()))
-                            }
+                            Ok(path) => log(&format!(
+                                "wrote {} ({})",
+                                path.display(),
+                                count(processes as u64, "process", "processes")
+                            )),
                             Err(e) => log(&format!("cannot write the export: {e}")),
                         }
                     }
@@ -391,13 +394,16 @@ fn sample(
     drop(changes);
     let _ = scanner.join();
     let mut lines = vec![format!(
-        "profiled {seen_processes} processes: {samples_total} samples ({unattributed} from processes no longer tracked), {} exports ({skipped_exports} skipped: building was behind; {unbuilt} not built by the shutdown deadline)",
-        exports.load(Ordering::Relaxed)
+        "profiled {}: {} ({unattributed} from processes no longer tracked), {} ({skipped_exports} skipped: building was behind; {unbuilt} not built by the shutdown deadline)",
+        count(seen_processes, "process", "processes"),
+        count(samples_total, "sample", "samples"),
+        count(exports.load(Ordering::Relaxed), "export", "exports")
     )];
     if lost.ring_full + lost.blocked_table_full > 0 {
         lines.push(format!(
-            "the kernel side dropped {} samples (ring buffer full) and {} waits (too many blocked threads)",
-            lost.ring_full, lost.blocked_table_full
+            "the kernel side dropped {} (ring buffer full) and {} (too many blocked threads)",
+            count(lost.ring_full, "sample", "samples"),
+            count(lost.blocked_table_full, "wait", "waits")
         ));
     }
     if let Some(e) = exporter {
@@ -405,9 +411,13 @@ fn sample(
         let queue = e.queue.clone();
         let stopped = e.finish(deadline);
         lines.push(format!(
-            "exporter: {} sent, {} failed attempts, {} given up, {} dropped from a full queue, {} unsent at the shutdown deadline",
+            "exporter: {} sent, {}, {} given up, {} dropped from a full queue, {} unsent at the shutdown deadline",
             stats.sent.load(Ordering::Relaxed),
-            stats.failed_attempts.load(Ordering::Relaxed),
+            count(
+                stats.failed_attempts.load(Ordering::Relaxed),
+                "failed attempt",
+                "failed attempts"
+            ),
             stats.abandoned.load(Ordering::Relaxed),
             queue.dropped(),
             stats.unsent.load(Ordering::Relaxed)
@@ -490,8 +500,9 @@ fn report_exporter(e: &export::Exporter) {
         .clone()
         .unwrap_or_default();
     log(&format!(
-        "exporter: {} sent, {failed} failed attempts, {} given up, {} dropped from a full queue, {} waiting; last error: {last}",
+        "exporter: {} sent, {}, {} given up, {} dropped from a full queue, {} waiting; last error: {last}",
         e.stats.sent.load(Ordering::Relaxed),
+        count(failed, "failed attempt", "failed attempts"),
         e.stats.abandoned.load(Ordering::Relaxed),
         e.queue.dropped(),
         e.queue.len()

@@ -6,6 +6,7 @@
 //! 2 = usage or permission error (including a nonexistent pid),
 //! 128 + N = stopped early by signal N (every thread already released).
 
+mod convert;
 mod output;
 mod profile;
 
@@ -90,9 +91,10 @@ enum Command {
         /// `--off-cpu=all` keeps every wait.
         #[arg(long, value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "spans")]
         off_cpu: Option<profile::OffCpu>,
-        /// First level of the whole-run folded stacks and flame graph.
-        #[arg(long, value_enum, default_value_t = otel_thread_ctx_formats::flame::GroupBy::Endpoint)]
-        group_by: otel_thread_ctx_formats::flame::GroupBy,
+        /// First level of the whole-run folded stacks and flame graph (default: endpoint);
+        /// with `--format top`, also a function table per endpoint, span name or thread.
+        #[arg(long, value_enum)]
+        group_by: Option<otel_thread_ctx_formats::flame::GroupBy>,
         /// Output format.
         #[arg(long, value_enum, default_value_t = profile::Format::Pprof)]
         format: profile::Format,
@@ -105,6 +107,11 @@ enum Command {
         /// Most per-trace flame graphs (or folded files) written, busiest first.
         #[arg(long, default_value_t = 20)]
         max_traces: usize,
+        /// Samples a trace needs for its own flame graph (or folded file).
+        #[arg(long, default_value_t = otel_thread_ctx_formats::flame::MIN_TRACE_SAMPLES)]
+        min_trace_samples: usize,
+        #[command(flatten)]
+        filter: FilterArgs,
         /// Do not attribute libuv threadpool work (fs, crypto, zlib, dns, N-API async
         /// work) to the span that queued it (on by default when node's libuv symbols are found).
         #[arg(long)]
@@ -177,6 +184,33 @@ enum Command {
         #[arg(long, value_enum)]
         span_profiles: Option<otel_thread_ctx_formats::otlp::SpanProfiles>,
     },
+    /// Converts OTLP ProfilesData protobuf files (as `profile --format otlp` and
+    /// `agent --output-dir` write them), merged, to pprof, folded stacks, flame graph SVGs
+    /// or top tables.
+    Convert {
+        /// Files to read.
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = convert::Format::Pprof)]
+        format: convert::Format,
+        /// Output file (default: the first file's name with the format's extension, in the
+        /// current directory; `top` prints to stdout); per-trace files go beside it.
+        #[arg(short = 'o', long)]
+        output: Option<std::path::PathBuf>,
+        /// First level of the whole-run folded stacks and flame graph (default: endpoint);
+        /// with `--format top`, also a function table per endpoint, span name or thread.
+        #[arg(long, value_enum)]
+        group_by: Option<otel_thread_ctx_formats::flame::GroupBy>,
+        /// Most per-trace flame graphs (or folded files) written, busiest first.
+        #[arg(long, default_value_t = 20)]
+        max_traces: usize,
+        /// Samples a trace needs for its own flame graph (or folded file).
+        #[arg(long, default_value_t = otel_thread_ctx_formats::flame::MIN_TRACE_SAMPLES)]
+        min_trace_samples: usize,
+        #[command(flatten)]
+        filter: FilterArgs,
+    },
     /// Checks OTLP ProfilesData protobuf files (as `profile --format otlp` and `agent --output-dir`
     /// write them) against the profiling SIG's conformance rules; exit status 1 when one breaks a rule.
     CheckOtlp {
@@ -184,6 +218,31 @@ enum Command {
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
     },
+}
+
+/// The samples an output keeps: each option is repeatable (a sample matches
+/// one of its values), and a sample is kept when it matches every option given.
+#[derive(clap::Args, Clone, Debug, Default)]
+struct FilterArgs {
+    /// Keep the samples of this endpoint: `GET /users/:id`, or the route alone (`/users/:id`).
+    #[arg(long = "endpoint", value_name = "ROUTE")]
+    endpoints: Vec<String>,
+    /// Keep the samples of spans with this name.
+    #[arg(long = "span-name", value_name = "NAME")]
+    span_names: Vec<String>,
+    /// Keep the samples of this trace (32 hex digits).
+    #[arg(long = "trace-id", value_name = "HEX", value_parser = otel_thread_ctx_formats::filter::parse_trace_id)]
+    trace_ids: Vec<[u8; 16]>,
+}
+
+impl FilterArgs {
+    fn filter(self) -> otel_thread_ctx_formats::filter::Filter {
+        otel_thread_ctx_formats::filter::Filter {
+            endpoints: self.endpoints,
+            span_names: self.span_names,
+            trace_ids: self.trace_ids,
+        }
+    }
 }
 
 fn parse_interval(s: &str) -> Result<f64, String> {
@@ -307,8 +366,15 @@ fn main() -> ExitCode {
                     }
                     Ok(violations) => {
                         conformant = false;
-                        let mut text =
-                            format!("{}: {} violations\n", path.display(), violations.len());
+                        let mut text = format!(
+                            "{}: {}\n",
+                            path.display(),
+                            otel_thread_ctx_formats::count(
+                                violations.len() as u64,
+                                "violation",
+                                "violations"
+                            )
+                        );
                         for v in violations {
                             text.push_str(&format!("  {v}\n"));
                         }
@@ -317,6 +383,40 @@ fn main() -> ExitCode {
                 }
             }
             ExitCode::from(if conformant { 0 } else { 1 })
+        }
+        Command::Convert {
+            files,
+            format,
+            output,
+            group_by,
+            max_traces,
+            min_trace_samples,
+            filter,
+        } => {
+            let opts = convert::Options {
+                files,
+                format,
+                output,
+                group_by,
+                max_traces,
+                min_trace_samples,
+                filter: filter.filter(),
+            };
+            match convert::run(&opts) {
+                Err(e) => {
+                    eprintln!("otel-thread-ctx: {}", output::escape(&e.to_string()));
+                    ExitCode::from(2)
+                }
+                Ok(report) => {
+                    for line in &report.lines {
+                        eprintln!("{}", output::escape(line));
+                    }
+                    if let Some(text) = &report.stdout {
+                        emit(text);
+                    }
+                    ExitCode::SUCCESS
+                }
+            }
         }
         Command::Profile {
             pid,
@@ -328,6 +428,8 @@ fn main() -> ExitCode {
             output,
             otlp_endpoint,
             max_traces,
+            min_trace_samples,
+            filter,
             no_threadpool,
             threadpool_probes,
             threadpool_at_sample_time: _,
@@ -343,6 +445,8 @@ fn main() -> ExitCode {
                 output,
                 otlp_endpoint,
                 max_traces,
+                min_trace_samples,
+                filter: filter.filter(),
                 threadpool: !no_threadpool,
                 threadpool_probes,
                 span_profiles,
@@ -437,8 +541,9 @@ fn main() -> ExitCode {
                     }
                     if summary.target_exited {
                         eprintln!(
-                            "otel-thread-ctx: pid {pid} exited after {:.2} s; the summary covers the {} rounds read until then",
-                            summary.elapsed_s, summary.rounds
+                            "otel-thread-ctx: pid {pid} exited after {:.2} s; the summary covers the {} read until then",
+                            summary.elapsed_s,
+                            otel_thread_ctx_formats::count(summary.rounds, "round", "rounds")
                         );
                     }
                     match summary.interrupted_by_signal {
@@ -531,5 +636,60 @@ mod tests {
             .render_long_help()
             .to_string();
         assert!(help.contains("--spans"), "{help}");
+    }
+
+    #[test]
+    fn filters_repeat_and_trace_ids_are_checked() {
+        let parse = |args: &[&str]| {
+            let argv = ["otel-thread-ctx", "convert", "a.otlp.pb"]
+                .into_iter()
+                .chain(args.iter().copied());
+            Cli::try_parse_from(argv).map(|cli| match cli.command {
+                Command::Convert {
+                    filter, group_by, ..
+                } => (filter.filter(), group_by),
+                _ => unreachable!(),
+            })
+        };
+        let (f, group_by) = parse(&[
+            "--endpoint",
+            "/a",
+            "--endpoint",
+            "GET /b",
+            "--span-name",
+            "sort",
+            "--trace-id",
+            "0102030405060708090A0B0C0D0E0F10",
+        ])
+        .unwrap();
+        assert_eq!(f.endpoints, ["/a", "GET /b"]);
+        assert_eq!(f.span_names, ["sort"]);
+        assert_eq!(
+            f.trace_ids,
+            [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
+        );
+        assert_eq!(group_by, None);
+        assert!(parse(&[]).unwrap().0.is_empty());
+        for bad in [
+            &["--trace-id", "abc"][..],
+            &["--trace-id", "00000000000000000000000000000000"],
+            &["--format", "jsonl"],
+            &["--format", "otlp"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(Cli::try_parse_from(["otel-thread-ctx", "convert"]).is_err());
+        // profile takes the same filters.
+        assert!(Cli::try_parse_from([
+            "otel-thread-ctx",
+            "profile",
+            "--pid",
+            "1",
+            "--span-name",
+            "x",
+            "--trace-id",
+            "zz"
+        ])
+        .is_err());
     }
 }

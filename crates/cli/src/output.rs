@@ -11,6 +11,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
+use otel_thread_ctx_formats::count;
 use otel_thread_ctx_reader::conformance::{ProcessContextInfo, Report, SymbolInfo};
 use otel_thread_ctx_reader::sampler::{Exec, Summary};
 
@@ -287,8 +288,15 @@ pub fn sample(s: &Summary, spans: bool) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "pid {}: {} rounds in {:.2} s = {:.1} Hz achieved (requested {} Hz), {} thread reads, {} ticks missed, via {}",
-        s.pid, s.rounds, s.elapsed_s, s.achieved_hz, s.requested_hz, s.reads, s.missed_ticks, s.resolution_path
+        "pid {}: {} in {:.2} s = {:.1} Hz achieved (requested {} Hz), {}, {} missed, via {}",
+        s.pid,
+        count(s.rounds, "round", "rounds"),
+        s.elapsed_s,
+        s.achieved_hz,
+        s.requested_hz,
+        count(s.reads, "thread read", "thread reads"),
+        count(s.missed_ticks, "tick", "ticks"),
+        s.resolution_path
     );
     if let Some(path) = s.nodejs_resolution_path {
         let _ = writeln!(o, "otel_thread_ctx_nodejs_v1 (nodejs_v1_dev) via {path}");
@@ -309,8 +317,8 @@ pub fn sample(s: &Summary, spans: bool) -> String {
     if s.late_stops > 0 {
         let _ = writeln!(
             o,
-            "{} reads skipped: the thread did not stop within the stop timeout",
-            s.late_stops
+            "{} skipped: the thread did not stop within the stop timeout",
+            count(s.late_stops, "read", "reads")
         );
     }
     if s.target_exited {

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use otel_thread_ctx_formats::{check_writable, flame, jsonl, otlp, pprof, top};
+use otel_thread_ctx_formats::filter::Filter;
+use otel_thread_ctx_formats::{check_writable, count, flame, jsonl, otlp, pprof, top};
 use otel_thread_ctx_otlp::{AnyValue, KeyValue, Resource};
 use otel_thread_ctx_profiler::loader::{self, AttachError};
 use otel_thread_ctx_profiler::plan::{self, current_process_context, target_plan};
@@ -52,7 +53,7 @@ pub enum OffCpu {
 }
 
 impl Format {
-    fn extension(self) -> &'static str {
+    pub(crate) fn extension(self) -> &'static str {
         match self {
             Format::Pprof => "pb.gz",
             Format::Otlp => "otlp.pb",
@@ -71,12 +72,17 @@ pub struct Options {
     /// Off-CPU time recorded, and which (None: on CPU only).
     pub off_cpu: Option<OffCpu>,
     pub format: Format,
-    /// First level of the whole-run folded stacks and flame graph.
-    pub group_by: flame::GroupBy,
+    /// First level of the whole-run folded stacks and flame graph (the
+    /// endpoint when not given); with `top`, functions per group.
+    pub group_by: Option<flame::GroupBy>,
     pub output: Option<PathBuf>,
     pub otlp_endpoint: Option<String>,
     /// Per-trace flame graphs or folded files written at most.
     pub max_traces: usize,
+    /// Samples a trace needs for its per-trace file.
+    pub min_trace_samples: usize,
+    /// The samples every output keeps.
+    pub filter: Filter,
     /// Attribute libuv threadpool work to the span that queued it.
     pub threadpool: bool,
     /// Follow it with the probes even where a pool thread's running item
@@ -378,8 +384,9 @@ fn sample(
     }
     if lost.ring_full + lost.blocked_table_full > 0 {
         notes.push(format!(
-            "the kernel side dropped {} samples (ring buffer full) and {} waits (too many blocked threads)",
-            lost.ring_full, lost.blocked_table_full
+            "the kernel side dropped {} (ring buffer full) and {} (too many blocked threads)",
+            count(lost.ring_full, "sample", "samples"),
+            count(lost.blocked_table_full, "wait", "waits")
         ));
     }
     let in_span = profile
@@ -389,26 +396,43 @@ fn sample(
         .map(|e| e.events.len() as u64)
         .sum::<u64>();
     lines.push(format!(
-        "profiled pid {pid} for {:.2} s at {} Hz: {} on-CPU samples ({in_span} in a span) from {} threads{}; {}",
+        "profiled pid {pid} for {:.2} s at {} Hz: {} ({in_span} in a span) from {}{}; {}",
         duration_ns as f64 / 1e9,
         opts.hz,
-        profile.on_cpu_samples(),
-        profile.entries.iter().map(|e| e.tid).collect::<std::collections::HashSet<_>>().len(),
-        if opts.off_cpu.is_some() { format!(", {:.3} s off CPU", profile.off_cpu_ns() as f64 / 1e9) } else { String::new() },
-        truncated_stacks(&on_cpu_stacks, opts.off_cpu.is_some().then_some(&off_cpu_stacks)),
+        count(profile.on_cpu_samples(), "on-CPU sample", "on-CPU samples"),
+        count(
+            profile
+                .entries
+                .iter()
+                .map(|e| e.tid)
+                .collect::<std::collections::HashSet<_>>()
+                .len() as u64,
+            "thread",
+            "threads"
+        ),
+        if opts.off_cpu.is_some() {
+            format!(", {:.3} s off CPU", profile.off_cpu_ns() as f64 / 1e9)
+        } else {
+            String::new()
+        },
+        truncated_stacks(
+            &on_cpu_stacks,
+            opts.off_cpu.is_some().then_some(&off_cpu_stacks)
+        ),
     ));
     if plan.pool.return_address != 0 {
         lines.push(format!(
-            "threadpool: {} samples of pool threads carry the span of the request they run ({filled} of the {unread} taken while a GC kept it unreadable took it from a read after the GC or another sample of the same item)",
-            samples.iter().filter(|s| s.threadpool).count()
+            "threadpool: {} of pool threads carry the span of the request they run ({filled} of the {unread} taken while a GC kept it unreadable took it from a read after the GC or another sample of the same item)",
+            count(samples.iter().filter(|s| s.threadpool).count() as u64, "sample", "samples")
         ));
     }
     if pool.is_some() {
         let pool_samples = samples.iter().filter(|s| s.threadpool).count();
         lines.push(format!(
-            "threadpool: {} work items queued in a span, {} begun on a pool thread with it; {pool_samples} samples of pool threads carry a queued span{}",
-            pool_items.queued_in_span,
+            "threadpool: {} queued in a span, {} begun on a pool thread with it; {} of pool threads carry a queued span{}",
+            count(pool_items.queued_in_span, "work item", "work items"),
             pool_items.ran_in_span,
+            count(pool_samples as u64, "sample", "samples"),
             if between_items > 0 {
                 format!(" ({between_items} more, taken between items, were left without it)")
             } else {
@@ -422,25 +446,34 @@ fn sample(
             duration_ns as f64 / 1e9
         ));
     }
+    if !opts.filter.is_empty() {
+        let (before, kept) = opts.filter.apply(&mut profile);
+        lines.push(kept_line(&opts.filter, before, kept));
+    }
     let resource = with_pid(resource, pid);
     let output = output_path(opts)
         .unwrap_or_else(|| PathBuf::from(format!("profile-{pid}.{}", opts.format.extension())));
     let mut stdout = None;
-    if opts.format == Format::Top {
-        let text = top::tables(&profile);
-        match &opts.output {
-            Some(path) => {
-                std::fs::write(path, text).map_err(|source| ProfileError::Write {
-                    path: path.clone(),
-                    source,
-                })?;
-                lines.push(format!("wrote {}", path.display()));
-            }
-            None => stdout = Some(text),
-        }
-    } else if opts.format == Format::Jsonl {
+    if opts.format == Format::Jsonl {
         let mut text = String::new();
-        let mut sorted: Vec<&kernel::Sample> = samples.iter().collect();
+        let mut sorted: Vec<&kernel::Sample> = samples
+            .iter()
+            .filter(|s| {
+                let (trace_id, attributes) = match s.record.valid() {
+                    Some((h, data)) => (
+                        Some(h.trace_id.to_bytes()),
+                        model::named_attributes(data, &key_map),
+                    ),
+                    None => (None, Vec::new()),
+                };
+                opts.filter.matches(trace_id, |k| {
+                    attributes
+                        .iter()
+                        .find(|(key, _)| key == k)
+                        .map(|(_, v)| v.as_str())
+                })
+            })
+            .collect();
         sorted.sort_by_key(|s| s.time_ns);
         for s in sorted {
             text.push_str(&jsonl::line(s, &key_map, &names));
@@ -452,7 +485,28 @@ fn sample(
         })?;
         lines.push(format!("wrote {}", output.display()));
     } else {
-        write(opts, &profile, &resource, &notes, &output, &mut lines)?;
+        let out = Outputs {
+            format: opts.format,
+            group_by: opts.group_by,
+            max_traces: opts.max_traces,
+            min_trace_samples: opts.min_trace_samples,
+            span_profiles: opts.span_profiles,
+            filter: &opts.filter,
+        };
+        let path = if opts.format == Format::Top {
+            opts.output.as_deref()
+        } else {
+            Some(output.as_path())
+        };
+        stdout = write(
+            &out,
+            &format!("pid {pid}"),
+            &profile,
+            Some(&resource),
+            &notes,
+            path,
+            &mut lines,
+        )?;
     }
     if let Some(endpoint) = &opts.otlp_endpoint {
         let status = otlp::send(
@@ -465,10 +519,10 @@ fn sample(
     lines.extend(notes);
     let own_cpu_ns = own_cpu_ns();
     lines.push(format!(
-        "the profiler used {:.3} s of CPU: {:.0} µs per sample ({} samples)",
+        "the profiler used {:.3} s of CPU: {:.0} µs per sample ({})",
         own_cpu_ns as f64 / 1e9,
         own_cpu_ns as f64 / 1e3 / samples.len().max(1) as f64,
-        samples.len()
+        count(samples.len() as u64, "sample", "samples")
     ));
     if let Some(sig) = otel_thread_ctx_reader::signals::requested() {
         lines.push(format!("ended by signal {sig}"));
@@ -529,83 +583,181 @@ fn trace_path(output: &Path, trace_id: &str, ext: &str) -> PathBuf {
     output.with_file_name(format!("{stem}.{trace_id}.{ext}"))
 }
 
-fn write(
-    opts: &Options,
+/// What is written, and how: the options `profile` and `convert` share.
+pub(crate) struct Outputs<'a> {
+    pub format: Format,
+    pub group_by: Option<flame::GroupBy>,
+    pub max_traces: usize,
+    pub min_trace_samples: usize,
+    pub span_profiles: Option<otlp::SpanProfiles>,
+    /// The filter the profile went through, said in flame graph subtitles.
+    pub filter: &'a Filter,
+}
+
+/// The line that says what the filters kept.
+pub(crate) fn kept_line(filter: &Filter, before: usize, kept: usize) -> String {
+    format!(
+        "kept {} of {} {}: the ones matching {}",
+        kept,
+        before,
+        if before == 1 { "sample" } else { "samples" },
+        filter.describe()
+    )
+}
+
+/// Writes `profile` (of `who`: `pid 42`, `3 processes`) to `output` in
+/// any format but jsonl; returns what goes to stdout (`top` without a
+/// file).
+pub(crate) fn write(
+    opts: &Outputs,
+    who: &str,
     profile: &model::Profile,
-    resource: &Resource,
+    resource: Option<&Resource>,
     notes: &[String],
-    output: &Path,
+    output: Option<&Path>,
     lines: &mut Vec<String>,
-) -> Result<(), ProfileError> {
+) -> Result<Option<String>, ProfileError> {
     let save = |path: &Path, bytes: &[u8]| {
         std::fs::write(path, bytes).map_err(|source| ProfileError::Write {
             path: path.to_path_buf(),
             source,
         })
     };
+    let Some(output) = output else {
+        return Ok(match opts.format {
+            Format::Top => Some(top_text(opts, profile)),
+            _ => None,
+        });
+    };
     match opts.format {
+        Format::Top => {
+            save(output, top_text(opts, profile).as_bytes())?;
+            lines.push(format!("wrote {}", output.display()));
+        }
         Format::Pprof => {
             save(output, &pprof::write(profile, notes))?;
             lines.push(format!("wrote {}", output.display()));
         }
         Format::Otlp => {
             use otel_thread_ctx_otlp::Message;
+            let resource = resource.cloned().unwrap_or(Resource {
+                attributes: Vec::new(),
+                dropped_attributes_count: 0,
+            });
             save(
                 output,
-                &otlp::data(otlp::request(profile, resource.clone(), opts.span_profiles))
-                    .encode_to_vec(),
+                &otlp::data(otlp::request(profile, resource, opts.span_profiles)).encode_to_vec(),
             )?;
             lines.push(format!("wrote {}", output.display()));
         }
-        Format::Jsonl | Format::Top => unreachable!("written from the raw samples or printed"),
+        Format::Jsonl => unreachable!("written from the raw samples"),
         Format::Folded | Format::Svg => {
             let ext = opts.format.extension();
-            let title = format!(
-                "pid {}: {} {}",
-                profile.pid,
-                if profile.off_cpu {
-                    "CPU and off-CPU time"
-                } else {
-                    "CPU"
-                },
-                opts.group_by.title()
-            );
-            let whole = flame::folded(profile, opts.group_by);
-            let subtitle = Some(format!(
-                "{} Hz, {:.1} s; values in microseconds",
-                profile.hz,
-                profile.duration_ns as f64 / 1e9
-            ));
-            let render = |lines: &[String], title: &str| -> Result<Vec<u8>, ProfileError> {
-                if opts.format == Format::Svg {
-                    Ok(flame::svg(lines, title, subtitle.clone())?)
-                } else {
-                    Ok(lines
-                        .iter()
-                        .map(|l| format!("{l}\n"))
-                        .collect::<String>()
-                        .into_bytes())
-                }
+            let group_by = opts.group_by.unwrap_or_default();
+            let what = if profile.off_cpu {
+                "CPU and off-CPU time"
+            } else {
+                "CPU"
             };
-            save(output, &render(&whole, &title)?)?;
+            let title = format!("{who}: {what} {}", group_by.title());
+            let whole = flame::folded(profile, group_by);
+            let rate = if profile.hz > 0 {
+                format!("{} Hz, ", profile.hz)
+            } else {
+                String::new()
+            };
+            let only = if opts.filter.is_empty() {
+                String::new()
+            } else {
+                format!("; only {}", opts.filter.describe())
+            };
+            let subtitle = format!(
+                "{rate}{:.1} s{only}; values in microseconds",
+                profile.duration_ns as f64 / 1e9
+            );
+            let render =
+                |lines: &[String], title: &str, subtitle: &str| -> Result<Vec<u8>, ProfileError> {
+                    if opts.format == Format::Svg {
+                        Ok(flame::svg(lines, title, Some(subtitle.to_string()))?)
+                    } else {
+                        Ok(lines
+                            .iter()
+                            .map(|l| format!("{l}\n"))
+                            .collect::<String>()
+                            .into_bytes())
+                    }
+                };
+            save(output, &render(&whole, &title, &subtitle)?)?;
             lines.push(format!("wrote {}", output.display()));
-            let traces = flame::per_trace(profile, opts.max_traces);
-            for t in &traces {
+            let traces = flame::per_trace(profile, opts.max_traces, opts.min_trace_samples);
+            for t in &traces.traces {
+                let title = format!("{who}: {what} of {}", t.title);
+                let extent = match t.span_ns() {
+                    Some(ns) => format!(" over {:.3} s (first to last sample)", ns as f64 / 1e9),
+                    None => String::new(),
+                };
+                let subtitle = format!(
+                    "{rate}{}{extent}{only}; values in microseconds",
+                    count(t.samples as u64, "sample", "samples")
+                );
                 save(
                     &trace_path(output, &t.trace_id, ext),
-                    &render(&t.lines, &t.title)?,
+                    &render(&t.lines, &title, &subtitle)?,
                 )?;
             }
-            if !traces.is_empty() {
-                lines.push(format!(
-                    "wrote {} per-trace files beside it ({})",
-                    traces.len(),
-                    trace_path(output, "<trace_id>", ext).display()
+            if opts.max_traces > 0 {
+                lines.push(per_trace_line(
+                    &traces,
+                    opts,
+                    &trace_path(output, "<trace_id>", ext),
                 ));
             }
         }
     }
-    Ok(())
+    Ok(None)
+}
+
+/// What was written per trace, and what was left out.
+fn per_trace_line(traces: &flame::Traces, opts: &Outputs, pattern: &Path) -> String {
+    let mut line = if traces.traces.is_empty() {
+        "wrote no per-trace file".to_string()
+    } else {
+        format!(
+            "wrote {} beside it ({})",
+            count(
+                traces.traces.len() as u64,
+                "per-trace file",
+                "per-trace files"
+            ),
+            pattern.display()
+        )
+    };
+    line.push_str(&format!(
+        ": traces with at least {} (--min-trace-samples)",
+        count(opts.min_trace_samples as u64, "sample", "samples")
+    ));
+    if traces.too_few > 0 {
+        line.push_str(&format!(
+            "; {} with fewer left out",
+            count(traces.too_few as u64, "trace", "traces")
+        ));
+    }
+    if traces.past_limit > 0 {
+        line.push_str(&format!(
+            "; {} past --max-traces {} left out",
+            count(traces.past_limit as u64, "trace", "traces"),
+            opts.max_traces
+        ));
+    }
+    line
+}
+
+/// The top tables, with functions per group when a grouping is given.
+fn top_text(opts: &Outputs, profile: &model::Profile) -> String {
+    match opts.group_by {
+        Some(g) => top::tables_grouped(profile, g),
+        None => top::tables(profile),
+    }
 }
 
 #[cfg(test)]
@@ -631,10 +783,12 @@ mod tests {
             hz: 99,
             off_cpu: None,
             format,
-            group_by: flame::GroupBy::default(),
+            group_by: None,
             output: output.map(Path::to_path_buf),
             otlp_endpoint: None,
             max_traces: 20,
+            min_trace_samples: flame::MIN_TRACE_SAMPLES,
+            filter: Filter::default(),
             threadpool: true,
             threadpool_probes: false,
             span_profiles: None,

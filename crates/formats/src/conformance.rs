@@ -240,8 +240,10 @@ pub fn check(data: &ProfilesData) -> Vec<String> {
                     }
                     if values > 0 && times > 0 && values != times {
                         refs.violations.push(format!(
-                            "{}: {values} values but {times} timestamps",
-                            here()
+                            "{}: {} but {}",
+                            here(),
+                            crate::count(values as u64, "value", "values"),
+                            crate::count(times as u64, "timestamp", "timestamps")
                         ));
                     }
                     for &t in &sample.timestamps_unix_nano {

@@ -145,6 +145,33 @@ pub struct Trace {
     /// endpoint, then the trace id.
     pub title: String,
     pub lines: Vec<String>,
+    /// Its samples (on-CPU samples and waits).
+    pub samples: usize,
+    /// Its first and last sample's times (0 when the samples carry none).
+    pub first_ns: u64,
+    pub last_ns: u64,
+}
+
+impl Trace {
+    /// How long the trace ran in the profile, first to last sample, when
+    /// its samples carry times.
+    pub fn span_ns(&self) -> Option<u64> {
+        (self.first_ns > 0).then(|| self.last_ns - self.first_ns)
+    }
+}
+
+/// Per-trace files need this many samples by default: a graph of fewer
+/// says little.
+pub const MIN_TRACE_SAMPLES: usize = 10;
+
+/// The traces [`per_trace`] picked, and how many it left out.
+#[derive(Default)]
+pub struct Traces {
+    pub traces: Vec<Trace>,
+    /// Traces with fewer samples than asked for.
+    pub too_few: usize,
+    /// Traces with enough samples, past the limit.
+    pub past_limit: usize,
 }
 
 /// What a trace's title says: its local root span's name (when a sample
@@ -155,16 +182,25 @@ struct TraceNames {
     endpoints: Vec<String>,
 }
 
-/// Per trace, the busiest first, at most `limit`.
-pub fn per_trace(p: &Profile, limit: usize) -> Vec<Trace> {
+/// Per trace with at least `min_samples` samples, the busiest first, at
+/// most `limit`.
+pub fn per_trace(p: &Profile, limit: usize, min_samples: usize) -> Traces {
     type Folded = BTreeMap<String, u64>;
-    let mut traces: BTreeMap<[u8; 16], (Folded, TraceNames)> = BTreeMap::new();
+    let mut traces: BTreeMap<[u8; 16], (Folded, TraceNames, Times)> = BTreeMap::new();
     for e in &p.entries {
         let Some(span @ Span { trace_id, .. }) = e.span else {
             continue;
         };
-        let (lines, names) = traces.entry(trace_id).or_default();
+        let (lines, names, times) = traces.entry(trace_id).or_default();
         *lines.entry(stack(p, e, vec![span_label(e)])).or_default() += micros(e);
+        times.samples += e.events.len();
+        for &(t, _) in &e.events {
+            let t = p.unix_ns(t);
+            if t > 0 {
+                times.first = Some(times.first.map_or(t, |f: u64| f.min(t)));
+                times.last = times.last.max(t);
+            }
+        }
         if let Some(name) = e.span_name() {
             if e.local_root_span_id() == Some(span.span_hex().as_str()) {
                 names.root_name.get_or_insert_with(|| name.to_string());
@@ -176,30 +212,46 @@ pub fn per_trace(p: &Profile, limit: usize) -> Vec<Trace> {
             }
         }
     }
-    let mut out: Vec<Trace> = traces
-        .into_iter()
-        .map(|(id, (lines, names))| {
-            let trace_id = opentelemetry::trace::TraceId::from_bytes(id).to_string();
-            let mut parts: Vec<String> = names.root_name.into_iter().collect();
-            if !names.endpoints.is_empty() {
-                parts.push(names.endpoints.join(", "));
-            }
-            parts.push(format!("(trace {trace_id})"));
-            Trace {
-                total_us: lines.values().sum(),
-                title: parts.join(" "),
-                trace_id,
-                lines: folded_lines(lines),
-            }
-        })
-        .collect();
-    out.sort_by(|a, b| {
+    let mut out = Traces::default();
+    let mut kept: Vec<Trace> = Vec::new();
+    for (id, (lines, names, times)) in traces {
+        if times.samples < min_samples {
+            out.too_few += 1;
+            continue;
+        }
+        let trace_id = opentelemetry::trace::TraceId::from_bytes(id).to_string();
+        let mut parts: Vec<String> = names.root_name.into_iter().collect();
+        if !names.endpoints.is_empty() {
+            parts.push(names.endpoints.join(", "));
+        }
+        parts.push(format!("(trace {trace_id})"));
+        kept.push(Trace {
+            total_us: lines.values().sum(),
+            title: parts.join(" "),
+            trace_id,
+            lines: folded_lines(lines),
+            samples: times.samples,
+            first_ns: times.first.unwrap_or(0),
+            last_ns: times.last,
+        });
+    }
+    kept.sort_by(|a, b| {
         b.total_us
             .cmp(&a.total_us)
             .then(a.trace_id.cmp(&b.trace_id))
     });
-    out.truncate(limit);
+    out.past_limit = kept.len().saturating_sub(limit);
+    kept.truncate(limit);
+    out.traces = kept;
     out
+}
+
+/// A trace's sample count and wall-clock extent.
+#[derive(Default)]
+struct Times {
+    samples: usize,
+    first: Option<u64>,
+    last: u64,
 }
 
 /// The flame graph could not be rendered.
@@ -282,7 +334,7 @@ mod tests {
             folded(&p, GroupBy::Endpoint),
             ["/a;[threadpool];leaf;schedule_[k] 10000"]
         );
-        let traces = per_trace(&p, 10);
+        let traces = per_trace(&p, 10, 1).traces;
         assert_eq!(
             traces[0].lines,
             ["[span 0707070707070707];[threadpool];leaf;schedule_[k] 10000"]
@@ -315,7 +367,7 @@ mod tests {
     #[test]
     fn one_graph_per_trace_titled_with_its_root_span_and_endpoint() {
         let p = otel_thread_ctx_profiler::model::fixtures::profile();
-        let traces = per_trace(&p, 10);
+        let traces = per_trace(&p, 10, 1).traces;
         assert_eq!(traces.len(), 1);
         assert_eq!(
             traces[0].title,
@@ -329,6 +381,24 @@ mod tests {
         let svg =
             String::from_utf8(svg(&traces[0].lines, &traces[0].title, None).unwrap()).unwrap();
         assert!(svg.contains("<svg") && svg.contains("caller"));
-        assert!(per_trace(&p, 0).is_empty());
+        assert!(per_trace(&p, 0, 1).traces.is_empty());
+        assert_eq!(traces[0].samples, 3);
+    }
+
+    #[test]
+    fn traces_with_few_samples_are_left_out_and_counted() {
+        let mut p = otel_thread_ctx_profiler::model::fixtures::profile();
+        p.start_unix_ns = 5_000_000_000;
+        p.start_monotonic_ns = 0;
+        // Trace 7 has 3 samples: 2 on CPU at 1 µs, one wait; spread them.
+        p.entries[0].events[1].0 = 1_500_000_000;
+        let few = per_trace(&p, 10, 4);
+        assert!(few.traces.is_empty());
+        assert_eq!((few.too_few, few.past_limit), (1, 0));
+        let enough = per_trace(&p, 10, 3);
+        assert_eq!(enough.traces.len(), 1);
+        assert_eq!(enough.traces[0].span_ns(), Some(1_500_000_000 - 1_000));
+        let limited = per_trace(&p, 0, 3);
+        assert_eq!((limited.too_few, limited.past_limit), (0, 1));
     }
 }

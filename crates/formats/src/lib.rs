@@ -5,9 +5,13 @@
 //! ([`conformance`]).
 //!
 //! Each format takes the profiler's model ([`otel_thread_ctx_profiler::model`])
-//! and returns bytes or text; where they go is the caller's choice.
+//! and returns bytes or text; where they go is the caller's choice. OTLP
+//! files come back into the model through [`decode`]; [`filter`] keeps the
+//! samples of given endpoints, span names or traces.
 
 pub mod conformance;
+pub mod decode;
+pub mod filter;
 pub mod flame;
 pub mod jsonl;
 pub mod otlp;
@@ -28,4 +32,10 @@ pub fn check_writable(path: &Path) -> std::io::Result<()> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// `n` and the noun, singular for one: `1 process`, `2 processes`.
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
 }

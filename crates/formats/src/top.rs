@@ -1,11 +1,12 @@
 //! `--format top`: the first view of a profile, as text tables. CPU (and,
 //! with off-CPU profiling, off-CPU time) by endpoint, by span name, and by
-//! function (self and total on-CPU time), the largest first.
+//! function (self and total on-CPU time), the largest first; with
+//! `--group-by`, the functions of each endpoint, span name or thread.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 
-use crate::flame::{endpoint_label, span_name_label};
+use crate::flame::{endpoint_label, span_name_label, GroupBy};
 use otel_thread_ctx_profiler::kernel::Kind;
 use otel_thread_ctx_profiler::model::{Entry, Profile};
 
@@ -93,18 +94,58 @@ pub fn tables(p: &Profile) -> String {
     table(&mut o, "ENDPOINT", by_endpoint, p);
     table(&mut o, "SPAN NAME", by_span, p);
 
-    // Functions: on-CPU self time (the innermost user frame: what the
-    // application ran, not the kernel entry it was in) and total time
-    // (every sample whose stack holds the function, once per sample).
-    let cpu_total: u64 = p
-        .entries
-        .iter()
-        .filter(|e| e.kind == Kind::OnCpu)
-        .map(Entry::total_ns)
-        .sum();
+    functions(&mut o, "FUNCTION (on CPU)", p.entries.iter());
+    o
+}
+
+/// The tables, then with a grouping, the functions of each group (the
+/// most CPU first, at most [`ROWS`] groups): what runs under each endpoint,
+/// span name or thread. `GroupBy::None` adds nothing.
+pub fn tables_grouped(p: &Profile, group_by: GroupBy) -> String {
+    let mut o = tables(p);
+    let label = |e: &Entry| match group_by {
+        GroupBy::Endpoint => Some(endpoint_label(e)),
+        GroupBy::Span => Some(span_name_label(e)),
+        GroupBy::Thread => Some(format!("{} ({})", e.thread_name, e.tid)),
+        GroupBy::None => None,
+    };
+    let (what, name) = match group_by {
+        GroupBy::Endpoint => ("endpoints", "ENDPOINT"),
+        GroupBy::Span => ("span names", "SPAN NAME"),
+        GroupBy::Thread => ("threads", "THREAD"),
+        GroupBy::None => return o,
+    };
+    let mut groups: HashMap<String, (u64, Vec<&Entry>)> = HashMap::new();
+    for e in p.entries.iter().filter(|e| e.kind == Kind::OnCpu) {
+        if let Some(l) = label(e) {
+            let g = groups.entry(l).or_default();
+            g.0 += e.total_ns();
+            g.1.push(e);
+        }
+    }
+    let mut groups: Vec<(String, (u64, Vec<&Entry>))> = groups.into_iter().collect();
+    groups.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
+    for (group, (_, entries)) in groups.iter().take(ROWS) {
+        o.push('\n');
+        let _ = writeln!(o, "{name} {group}");
+        functions(&mut o, "FUNCTION (on CPU)", entries.iter().copied());
+    }
+    if groups.len() > ROWS {
+        let _ = writeln!(o, "\n({} more {what})", groups.len() - ROWS);
+    }
+    o
+}
+
+/// A function table of the on-CPU `entries`: self time (the innermost user
+/// frame: what the application ran, not the kernel entry it was in) and
+/// total time (every sample whose stack holds the function, once per
+/// sample), as shares of their CPU time.
+fn functions<'a>(o: &mut String, title: &str, entries: impl Iterator<Item = &'a Entry>) {
+    let entries: Vec<&Entry> = entries.filter(|e| e.kind == Kind::OnCpu).collect();
+    let cpu_total: u64 = entries.iter().map(|e| e.total_ns()).sum();
     let mut self_ns: HashMap<String, u64> = HashMap::new();
     let mut total_ns: HashMap<String, u64> = HashMap::new();
-    for e in p.entries.iter().filter(|e| e.kind == Kind::OnCpu) {
+    for e in entries {
         let user_leaf = e.frames.iter().find(|f| f.module != "[kernel]");
         if let Some(leaf) = user_leaf.or(e.frames.first()) {
             *self_ns.entry(leaf.name.clone()).or_default() += e.total_ns();
@@ -122,7 +163,7 @@ pub fn tables(p: &Profile) -> String {
     let _ = writeln!(
         o,
         "{:<48} {:>10} {:>6} {:>10} {:>6}",
-        "FUNCTION (on CPU)", "self ms", "self%", "total ms", "total%"
+        title, "self ms", "self%", "total ms", "total%"
     );
     for (name, ns) in functions.iter().take(ROWS) {
         let total = total_ns.get(name.as_str()).copied().unwrap_or(0);
@@ -136,7 +177,9 @@ pub fn tables(p: &Profile) -> String {
             percent(total, cpu_total)
         );
     }
-    o
+    if functions.len() > ROWS {
+        let _ = writeln!(o, "({} more)", functions.len() - ROWS);
+    }
 }
 
 #[cfg(test)]
@@ -169,5 +212,24 @@ mod tests {
                 && text.contains("SPAN NAME")
                 && text.contains("FUNCTION (on CPU)")
         );
+    }
+
+    #[test]
+    fn functions_per_endpoint_with_a_grouping() {
+        let p = otel_thread_ctx_profiler::model::fixtures::profile();
+        assert_eq!(tables_grouped(&p, GroupBy::None), tables(&p));
+        let text = tables_grouped(&p, GroupBy::Endpoint);
+        assert!(text.starts_with(&tables(&p)));
+        let rest = &text[tables(&p).len()..];
+        // /a (20 ms) before the samples outside any span (10 ms).
+        let a = rest.find("\nENDPOINT /a\nFUNCTION (on CPU)").expect(rest);
+        let none = rest.find("\nENDPOINT [no span]\n").expect(rest);
+        assert!(a < none, "{rest}");
+        // Every on-CPU sample of /a has `leaf` innermost: all of its CPU.
+        assert!(
+            rest[a..none].contains("\nleaf ") && rest[a..none].contains(" 20.0  100.0 "),
+            "{rest}"
+        );
+        assert!(tables_grouped(&p, GroupBy::Thread).contains("\nTHREAD main (1)\n"));
     }
 }
