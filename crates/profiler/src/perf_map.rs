@@ -9,32 +9,104 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::io::{self, BufRead};
 use std::path::PathBuf;
+use std::rc::Rc;
 
 /// The perf map path of a process.
 pub fn path(pid: i32) -> PathBuf {
     PathBuf::from(format!("/tmp/perf-{pid}.map"))
 }
 
-/// One entry: `[start, start + size)` is named `name`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Entry {
+/// One line's entry: `[start, start + size)` holds code named `name` (as
+/// written, with V8's marker).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Line<'a> {
     pub start: u64,
     pub size: u64,
-    pub name: String,
+    pub name: &'a str,
 }
 
-/// Parses the text of a perf map, skipping malformed lines.
-pub fn parse(text: &str) -> Vec<Entry> {
-    text.lines()
-        .filter_map(|line| {
-            let mut parts = line.splitn(3, ' ');
-            let start = u64::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
-            let size = u64::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
-            let name = function_name(parts.next()?.trim()).into_owned();
-            (size > 0).then_some(Entry { start, size, name })
-        })
-        .collect()
+/// Parses one line of a perf map; `None` for a malformed line or an entry
+/// of no size.
+pub fn parse_line(line: &str) -> Option<Line<'_>> {
+    let mut parts = line.splitn(3, ' ');
+    let start = u64::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
+    let size = u64::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
+    let name = parts.next()?.trim();
+    (size > 0).then_some(Line { start, size, name })
+}
+
+/// Larger than any code object V8 makes: an entry this large is not V8's,
+/// and would name every sampled address at once.
+pub const MAX_ENTRY_BYTES: u64 = 1 << 30;
+
+/// How many (entry, address) matches one resolution follows at most: a
+/// map written to make every entry cover every sampled address stops
+/// there instead of costing their product.
+pub const MAX_MATCHES: u64 = 5_000_000;
+
+/// What a perf map says of some addresses.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Resolved {
+    /// Each address some entry covers, named by the newest such entry.
+    pub names: HashMap<u64, String>,
+    /// The map held more matches than [`MAX_MATCHES`]: lines past them
+    /// were not read.
+    pub truncated: bool,
+}
+
+/// Names each address in `addrs` by the newest entry of the perf map read
+/// from `map` that covers it. The map is read line by line and never held:
+/// it grows for the life of the process (every code creation appends a
+/// line), so memory follows the addresses asked about, not the file.
+/// Lines that are not UTF-8 or not entries are skipped.
+pub fn resolve(map: impl BufRead, addrs: &[u64]) -> io::Result<Resolved> {
+    let mut sorted: Vec<u64> = addrs.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    // Shared names: a match costs a count, not a copy of the name.
+    let mut names: HashMap<u64, Rc<str>> = HashMap::new();
+    let mut truncated = false;
+    let mut budget = MAX_MATCHES;
+    let mut map = map;
+    let mut bytes = Vec::new();
+    loop {
+        bytes.clear();
+        if map.read_until(b'\n', &mut bytes)? == 0 {
+            break;
+        }
+        let Ok(text) = std::str::from_utf8(&bytes) else {
+            continue;
+        };
+        let Some(entry) = parse_line(text.trim_end_matches(['\n', '\r'])) else {
+            continue;
+        };
+        if entry.size > MAX_ENTRY_BYTES {
+            continue;
+        }
+        let end = entry.start.saturating_add(entry.size);
+        let first = sorted.partition_point(|&a| a < entry.start);
+        let mut name: Option<Rc<str>> = None;
+        // A later entry overwrites what an earlier one said: V8 reuses code
+        // memory.
+        for &a in sorted[first..].iter().take_while(|&&a| a < end) {
+            if budget == 0 {
+                truncated = true;
+                break;
+            }
+            budget -= 1;
+            let name = name.get_or_insert_with(|| Rc::from(function_name(entry.name)));
+            names.insert(a, name.clone());
+        }
+        if truncated {
+            break;
+        }
+    }
+    Ok(Resolved {
+        names: names.into_iter().map(|(a, n)| (a, n.to_string())).collect(),
+        truncated,
+    })
 }
 
 /// A JavaScript function's name without the marker V8 puts before it, which
@@ -74,47 +146,6 @@ pub fn function_name(name: &str) -> Cow<'_, str> {
     format!("{tag}{rest}").into()
 }
 
-/// Names each address in `addrs` by the newest entry covering it. Addresses
-/// no entry covers are left out.
-pub fn resolve<'e>(entries: &'e [Entry], addrs: &[u64]) -> HashMap<u64, &'e str> {
-    let mut sorted: Vec<u64> = addrs.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    let mut out = HashMap::new();
-    // A later entry overwrites what an earlier one said (V8 reuses code
-    // memory), so entries are taken from the last, and each address is
-    // named once: `next` skips the addresses already named, so a map of
-    // many overlapping entries (the target writes it) costs entries plus
-    // addresses, not their product.
-    let mut next: Vec<usize> = (0..=sorted.len()).collect();
-    for e in entries.iter().rev() {
-        let end = e.start.saturating_add(e.size);
-        let mut i = first_unnamed(&mut next, sorted.partition_point(|&a| a < e.start));
-        while i < sorted.len() && sorted[i] < end {
-            out.insert(sorted[i], e.name.as_str());
-            next[i] = i + 1;
-            i = first_unnamed(&mut next, i + 1);
-        }
-    }
-    out
-}
-
-/// The first index at or after `i` whose address is not named yet,
-/// shortening the links walked on the way.
-fn first_unnamed(next: &mut [usize], i: usize) -> usize {
-    let mut root = i;
-    while next[root] != root {
-        root = next[root];
-    }
-    let mut at = i;
-    while next[at] != root {
-        let following = next[at];
-        next[at] = root;
-        at = following;
-    }
-    root
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,17 +161,17 @@ garbage line
 
     #[test]
     fn parses_entries_and_skips_garbage() {
-        let e = parse(MAP);
+        let e: Vec<Line> = MAP.lines().filter_map(parse_line).collect();
         assert_eq!(e.len(), 4);
         assert_eq!(
             e[0],
-            Entry {
+            Line {
                 start: 0x1000,
                 size: 0x100,
-                name: "JS:startup /app/boot.js:1:1".into()
+                name: "JS:~startup /app/boot.js:1:1"
             }
         );
-        assert_eq!(e[3].name, "JS:lazy /app/x.js:2:2");
+        assert_eq!(e[3].name, "JS:^lazy /app/x.js:2:2");
     }
 
     /// Every marker form a Node.js line wrote for one function names it the
@@ -204,15 +235,28 @@ garbage line
 7faf4a840040 4cc JS:o+burnCpuHot /app/hot.js:1:20
 7faf4a803ac0 2a8 JS:o*burnCpuHot /app/hot.js:1:20
 ";
-        let names: std::collections::HashSet<String> =
-            parse(text).into_iter().map(|e| e.name).collect();
-        assert_eq!(names, ["JS:burnCpuHot /app/hot.js:1:20".to_string()].into());
+        let starts: Vec<u64> = text
+            .lines()
+            .filter_map(parse_line)
+            .map(|e| e.start)
+            .collect();
+        let r = resolve(text.as_bytes(), &starts).unwrap();
+        let names: std::collections::HashSet<&String> = r.names.values().collect();
+        assert_eq!(
+            names,
+            [&"JS:burnCpuHot /app/hot.js:1:20".to_string()].into()
+        );
     }
 
     #[test]
     fn the_newest_covering_entry_wins() {
-        let e = parse(MAP);
-        let r = resolve(&e, &[0x1004, 0x1085, 0x10f0, 0x2010, 0x2040, 0x10]);
+        let resolved = resolve(
+            MAP.as_bytes(),
+            &[0x1004, 0x1085, 0x10f0, 0x2010, 0x2040, 0x10],
+        )
+        .unwrap();
+        assert!(!resolved.truncated);
+        let r = resolved.names;
         // 0x1004: covered by startup (oldest) and lazy (newest).
         assert_eq!(r[&0x1004], "JS:lazy /app/x.js:2:2");
         // 0x1085: startup, then handler reused that space.
@@ -222,5 +266,17 @@ garbage line
         // One past the end, and below every entry: unnamed.
         assert!(!r.contains_key(&0x2040));
         assert!(!r.contains_key(&0x10));
+    }
+
+    #[test]
+    fn lines_that_are_not_utf8_or_entries_are_skipped_and_entries_past_a_code_object_ignored() {
+        let mut map = b"1000 100 JS:~a /a.js:1:1\n".to_vec();
+        map.extend_from_slice(b"1000 10 JS:~\xff\xfe /b.js:1:1\n");
+        map.extend_from_slice(b"0 ffffffffffff Builtin:everything\r\n");
+        map.extend_from_slice(b"1000 8 JS:~c /c.js:1:1");
+        let r = resolve(&map[..], &[0x1004, 0x1010, 0x9000]).unwrap().names;
+        assert_eq!(r[&0x1004], "JS:c /c.js:1:1");
+        assert_eq!(r[&0x1010], "JS:a /a.js:1:1");
+        assert!(!r.contains_key(&0x9000));
     }
 }

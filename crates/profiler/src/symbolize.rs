@@ -142,15 +142,18 @@ impl Collector {
             }
         }
         let map_path = perf_map::path(self.pid);
-        match std::fs::read_to_string(&map_path) {
-            Ok(text) => {
+        // Read as it streams: the map grows for the life of the target.
+        let resolved = std::fs::File::open(&map_path).and_then(|f| {
+            perf_map::resolve(std::io::BufReader::with_capacity(1 << 16, f), &anonymous)
+        });
+        match resolved {
+            Ok(found) => {
                 names.perf_map = Some(map_path.to_string_lossy().into_owned());
-                let entries = perf_map::parse(&text);
-                let found = perf_map::resolve(&entries, &anonymous);
+                let mut found = found.names;
                 for &addr in &anonymous {
-                    let frame = match found.get(&addr) {
+                    let frame = match found.remove(&addr) {
                         Some(name) => Frame {
-                            name: name.to_string(),
+                            name,
                             module: "[jit]".into(),
                         },
                         None => Frame {

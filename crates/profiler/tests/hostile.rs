@@ -11,26 +11,44 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 
 use otel_thread_ctx_profiler::kernel;
-use otel_thread_ctx_profiler::perf_map::{self, Entry};
+use otel_thread_ctx_profiler::perf_map;
+
+/// One generated perf map entry.
+#[derive(Clone, Debug)]
+struct Entry {
+    start: u64,
+    size: u64,
+    name: String,
+}
 
 /// What the perf map says of `addrs`, entry by entry in file order: the
 /// definition `resolve` must match.
-fn resolve_in_file_order<'e>(entries: &'e [Entry], addrs: &[u64]) -> HashMap<u64, &'e str> {
+fn resolve_in_file_order(entries: &[Entry], addrs: &[u64]) -> HashMap<u64, String> {
     let mut out = HashMap::new();
-    for e in entries {
+    for e in entries
+        .iter()
+        .filter(|e| e.size > 0 && e.size <= perf_map::MAX_ENTRY_BYTES)
+    {
         for &a in addrs {
             if a >= e.start && a < e.start.saturating_add(e.size) {
-                out.insert(a, e.name.as_str());
+                out.insert(a, e.name.clone());
             }
         }
     }
     out
 }
 
+fn text_of(entries: &[Entry]) -> String {
+    entries
+        .iter()
+        .map(|e| format!("{:x} {:x} {}\n", e.start, e.size, e.name))
+        .collect()
+}
+
 fn entry() -> impl Strategy<Value = Entry> {
     (
         prop_oneof![0u64..0x400, any::<u64>()],
-        prop_oneof![1u64..0x80, any::<u64>()],
+        prop_oneof![0u64..0x80, any::<u64>()],
         "[a-z]{1,4}",
     )
         .prop_map(|(start, size, name)| Entry { start, size, name })
@@ -44,9 +62,13 @@ proptest! {
         ".{0,80}",
         "(0x)?[0-9a-f]{1,17} (0x)?[0-9a-f]{1,17} (JS|Eval|LazyCompile):[o~^+*']{0,3}.{0,30}",
     ], 0..30)) {
-        for e in perf_map::parse(&lines.join("\n")) {
+        let text = lines.join("\n");
+        let starts: Vec<u64> = text.lines().filter_map(perf_map::parse_line).map(|e| e.start).collect();
+        for e in text.lines().filter_map(perf_map::parse_line) {
             prop_assert!(e.size > 0);
         }
+        let resolved = perf_map::resolve(text.as_bytes(), &starts).unwrap();
+        prop_assert!(resolved.names.len() <= starts.len());
     }
 
     /// Overlapping entries (V8 reuses code memory): the newest covering
@@ -56,7 +78,9 @@ proptest! {
         entries in vec(entry(), 0..40),
         addrs in vec(prop_oneof![0u64..0x500, any::<u64>()], 0..60),
     ) {
-        prop_assert_eq!(perf_map::resolve(&entries, &addrs), resolve_in_file_order(&entries, &addrs));
+        let resolved = perf_map::resolve(text_of(&entries).as_bytes(), &addrs).unwrap();
+        prop_assert!(!resolved.truncated);
+        prop_assert_eq!(resolved.names, resolve_in_file_order(&entries, &addrs));
     }
 
     /// Ring-buffer records of any bytes (they carry the target's record,
@@ -85,19 +109,16 @@ proptest! {
     }
 }
 
-/// A map of many entries that each cover every address: named in time
-/// proportional to entries plus addresses (the file is the target's).
+/// A map whose entries each cover every sampled address: resolution stops
+/// after a bounded number of matches and says so (the file is the
+/// target's).
 #[test]
-fn a_perf_map_of_overlapping_entries_resolves_in_linear_time() {
-    let entries: Vec<Entry> = (0..200_000)
-        .map(|i| Entry {
-            start: 0,
-            size: u64::MAX,
-            name: format!("f{i}"),
-        })
-        .collect();
-    let addrs: Vec<u64> = (0..200_000).map(|a| a * 16).collect();
-    let named = perf_map::resolve(&entries, &addrs);
-    assert_eq!(named.len(), addrs.len());
-    assert!(named.values().all(|n| *n == "f199999"));
+fn a_perf_map_of_overlapping_entries_stops_at_the_match_bound() {
+    let line = "0 100000 f\n";
+    let lines = (perf_map::MAX_MATCHES / 100_000 + 10) as usize;
+    let text = line.repeat(lines);
+    let addrs: Vec<u64> = (0..100_000).collect();
+    let resolved = perf_map::resolve(text.as_bytes(), &addrs).unwrap();
+    assert!(resolved.truncated);
+    assert!(resolved.names.values().all(|n| n == "f"));
 }
