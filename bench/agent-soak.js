@@ -66,9 +66,15 @@ if (isMainThread) {
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-agent-soak-'));
 const children = [];
 process.on('exit', () => {
-  for (const c of children) c.kill('SIGKILL');
-  fs.rmSync(scratch, { recursive: true, force: true });
+  for (const c of children) {
+    c.kill('SIGKILL');
+    // --perf-basic-prof's map of each service (it grows for the service's life).
+    fs.rmSync(`/tmp/perf-${c.pid}.map`, { force: true });
+  }
+  // Retried: a service killed a moment ago may still be writing its V8 logs there.
+  fs.rmSync(scratch, { recursive: true, force: true, maxRetries: 10 });
 });
+for (const signal of ['SIGINT', 'SIGTERM']) process.on(signal, () => process.exit(130));
 
 /** CPU seconds (user + system) of a live process, or NaN once it is gone. */
 function cpuSeconds(pid) {
