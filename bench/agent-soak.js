@@ -191,7 +191,13 @@ async function main() {
   const sink = await startSink();
   const ports = { grpcPort: await freePort(), httpPort: await freePort() };
   const collectorOptions = { ...ports, sinkUrl: sink.url, dir: scratch };
-  let collector = await startCollector(got.binary, collectorOptions);
+  // Each Collector started is stopped by the exit cleanup too.
+  const collectorStarted = async () => {
+    const c = await startCollector(got.binary, collectorOptions);
+    children.push(c.child);
+    return c;
+  };
+  let collector = await collectorStarted();
 
   const services = await startServices(opts.services);
   const traffic = load(services, opts.rate);
@@ -211,9 +217,9 @@ async function main() {
   const targetsCpu0 = services.map((s) => cpuSeconds(s.pid));
   const agentCpu0 = cpuSeconds(agent.pid);
   const events = [
-    { at: total / 4, what: 'Collector restarted', run: async () => { await collector.stop(); await sleep(5000); collector = await startCollector(got.binary, collectorOptions); } },
+    { at: total / 4, what: 'Collector restarted', run: async () => { await collector.stop(); await sleep(5000); collector = await collectorStarted(); } },
     { at: total / 2, what: 'Collector paused 30 s', run: async () => { collector.child.kill('SIGSTOP'); await sleep(30000); collector.child.kill('SIGCONT'); } },
-    { at: (3 * total) / 4, what: 'Collector restarted', run: async () => { await collector.stop(); await sleep(5000); collector = await startCollector(got.binary, collectorOptions); } },
+    { at: (3 * total) / 4, what: 'Collector restarted', run: async () => { await collector.stop(); await sleep(5000); collector = await collectorStarted(); } },
   ];
   const rows = [];
   const every = Math.max(10000, total / 24);
@@ -271,7 +277,12 @@ async function main() {
   if (code !== 0 || accounted !== a.built) process.exitCode = 1;
 }
 
-main().catch((err) => {
-  console.error(err);
-  process.exit(1);
-});
+// Exits when done: the services' pipes would keep the process alive, and
+// exiting runs the cleanup that stops them.
+main().then(
+  () => process.exit(),
+  (err) => {
+    console.error(err);
+    process.exit(1);
+  },
+);
