@@ -9,17 +9,11 @@ const assert = require('node:assert');
 const fs = require('node:fs');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir, goTool } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'profiled-service.js');
 
-function goTool() {
-  for (const go of ['go', '/usr/local/go/bin/go']) {
-    if (spawnSync(go, ['version'], { encoding: 'utf8' }).status === 0) return go;
-  }
-  return null;
-}
 
 const convert = (args, cwd) => spawnSync(READER, ['convert', ...args], { encoding: 'utf8', cwd });
 

@@ -14,19 +14,13 @@ const http = require('node:http');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const protobuf = require('protobufjs');
-const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir, goTool } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'express-service.js');
 const ROUTE = '/sort';
 const SHARE = 0.95;
 
-function goTool() {
-  for (const go of ['go', '/usr/local/go/bin/go']) {
-    if (spawnSync(go, ['version'], { encoding: 'utf8' }).status === 0) return go;
-  }
-  return null;
-}
 
 /** Runs the reader to its end: { code, stdout, stderr }. */
 function reader(args) {

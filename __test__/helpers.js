@@ -221,6 +221,14 @@ function readFullRecord(pid, address) {
   }
 }
 
+/** The Go toolchain's `go` (for `go tool pprof`), or null when there is none. */
+function goTool() {
+  for (const go of ['go', '/usr/local/go/bin/go']) {
+    if (spawnSync(go, ['version'], { encoding: 'utf8' }).status === 0) return go;
+  }
+  return null;
+}
+
 const scratchDirs = [];
 process.on('exit', () => {
   for (const dir of scratchDirs) fs.rmSync(dir, { recursive: true, force: true });
@@ -236,4 +244,4 @@ function scratchDir(prefix) {
   return dir;
 }
 
-module.exports = { ROOT, scratchDir, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable };
+module.exports = { ROOT, scratchDir, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable, goTool };

@@ -12,17 +12,11 @@ const http = require('node:http');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const protobuf = require('protobufjs');
-const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir, goTool } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'profiled-service.js');
 
-function goTool() {
-  for (const go of ['go', '/usr/local/go/bin/go']) {
-    if (spawnSync(go, ['version'], { encoding: 'utf8' }).status === 0) return go;
-  }
-  return null;
-}
 
 const skip = profileUnavailable(READER);
 const tmp = scratchDir('otel-thread-ctx-profile-');
