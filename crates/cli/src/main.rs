@@ -104,12 +104,8 @@ enum Command {
         /// Also send the profile as OTLP/HTTP protobuf to this receiver (http://host:port).
         #[arg(long)]
         otlp_endpoint: Option<String>,
-        /// Most per-trace flame graphs (or folded files) written, busiest first.
-        #[arg(long, default_value_t = 20)]
-        max_traces: usize,
-        /// Samples a trace needs for its own flame graph (or folded file).
-        #[arg(long, default_value_t = otel_thread_ctx_formats::flame::MIN_TRACE_SAMPLES)]
-        min_trace_samples: usize,
+        #[command(flatten)]
+        trace_files: TraceFileArgs,
         #[command(flatten)]
         filter: FilterArgs,
         /// Do not attribute libuv threadpool work (fs, crypto, zlib, dns, N-API async
@@ -202,12 +198,8 @@ enum Command {
         /// with `--format top`, also a function table per endpoint, span name or thread.
         #[arg(long, value_enum)]
         group_by: Option<otel_thread_ctx_formats::flame::GroupBy>,
-        /// Most per-trace flame graphs (or folded files) written, busiest first.
-        #[arg(long, default_value_t = 20)]
-        max_traces: usize,
-        /// Samples a trace needs for its own flame graph (or folded file).
-        #[arg(long, default_value_t = otel_thread_ctx_formats::flame::MIN_TRACE_SAMPLES)]
-        min_trace_samples: usize,
+        #[command(flatten)]
+        trace_files: TraceFileArgs,
         #[command(flatten)]
         filter: FilterArgs,
     },
@@ -218,6 +210,17 @@ enum Command {
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
     },
+}
+
+/// Which traces get a flame graph (or folded file) of their own.
+#[derive(clap::Args, Clone, Copy, Debug)]
+struct TraceFileArgs {
+    /// Most per-trace flame graphs (or folded files) written, busiest first.
+    #[arg(long, default_value_t = 20)]
+    max_traces: usize,
+    /// Samples a trace needs for its own flame graph (or folded file).
+    #[arg(long, default_value_t = otel_thread_ctx_formats::flame::MIN_TRACE_SAMPLES)]
+    min_trace_samples: usize,
 }
 
 /// The samples an output keeps: each option is repeatable (a sample matches
@@ -389,8 +392,7 @@ fn main() -> ExitCode {
             format,
             output,
             group_by,
-            max_traces,
-            min_trace_samples,
+            trace_files,
             filter,
         } => {
             let opts = convert::Options {
@@ -398,8 +400,8 @@ fn main() -> ExitCode {
                 format,
                 output,
                 group_by,
-                max_traces,
-                min_trace_samples,
+                max_traces: trace_files.max_traces,
+                min_trace_samples: trace_files.min_trace_samples,
                 filter: filter.filter(),
             };
             match convert::run(&opts) {
@@ -427,8 +429,7 @@ fn main() -> ExitCode {
             format,
             output,
             otlp_endpoint,
-            max_traces,
-            min_trace_samples,
+            trace_files,
             filter,
             no_threadpool,
             threadpool_probes,
@@ -444,8 +445,8 @@ fn main() -> ExitCode {
                 group_by,
                 output,
                 otlp_endpoint,
-                max_traces,
-                min_trace_samples,
+                max_traces: trace_files.max_traces,
+                min_trace_samples: trace_files.min_trace_samples,
                 filter: filter.filter(),
                 threadpool: !no_threadpool,
                 threadpool_probes,
