@@ -9,33 +9,13 @@ const assert = require('node:assert');
 const fs = require('node:fs');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { jsonLines, exited, profileUnavailable, scratchDir, goTool } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir, goTool, rawSamples } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'profiled-service.js');
 
 
 const convert = (args, cwd) => spawnSync(READER, ['convert', ...args], { encoding: 'utf8', cwd });
-
-/** The samples of `go tool pprof -raw`: values by sample type, labels. */
-function rawSamples(text) {
-  const lines = text.split('\n');
-  const start = lines.findIndex((l) => l.startsWith('Samples:'));
-  const end = lines.findIndex((l) => l.startsWith('Locations'));
-  assert.ok(start >= 0 && end > start, `no Samples section in:\n${text.slice(0, 2000)}`);
-  const types = lines[start + 1].trim().split(/\s+/).map((t) => t.replace('[dflt]', '').split('/')[0]);
-  const samples = [];
-  for (const line of lines.slice(start + 2, end)) {
-    const values = line.match(/^\s*((?:-?\d+\s+)*-?\d+):/);
-    if (values) {
-      const nums = values[1].trim().split(/\s+/).map(Number);
-      samples.push({ values: Object.fromEntries(types.map((t, i) => [t, nums[i]])), labels: {} });
-      continue;
-    }
-    for (const [, k, v] of line.matchAll(/([\w.]+):\[([^\]]*)\]/g)) samples.at(-1).labels[k] = v;
-  }
-  return samples;
-}
 
 const sum = (list, f) => list.reduce((a, s) => a + f(s), 0);
 
@@ -100,7 +80,7 @@ test('convert', { skip: skip ?? false }, async (t) => {
     if (!go) return t.skip('no Go toolchain: go tool pprof cannot read the profile');
     const raw = spawnSync(go, ['tool', 'pprof', '-raw', path.join(tmp, 'both.pb.gz')], { encoding: 'utf8' });
     assert.strictEqual(raw.status, 0, raw.stderr);
-    const samples = rawSamples(raw.stdout);
+    const samples = rawSamples(raw.stdout).samples;
     assert.strictEqual(sum(samples, (s) => s.values.samples), read(both));
     for (const [span, tid] of [[main.cpu, main.tid], [worker.span, worker.tid]]) {
       const own = samples.filter((s) => s.values.samples > 0 && s.labels.span_id === span.spanId);
@@ -119,7 +99,7 @@ test('convert', { skip: skip ?? false }, async (t) => {
 
   await t.test('filters keep exactly the matching samples', (t) => {
     if (!go) return t.skip('no Go toolchain: go tool pprof cannot read the profile');
-    const all = rawSamples(spawnSync(go, ['tool', 'pprof', '-raw', path.join(tmp, 'both.pb.gz')], { encoding: 'utf8' }).stdout);
+    const all = rawSamples(spawnSync(go, ['tool', 'pprof', '-raw', path.join(tmp, 'both.pb.gz')], { encoding: 'utf8' }).stdout).samples;
     const totals = (list) => [sum(list, (s) => s.values.samples), sum(list, (s) => s.values.off_cpu)];
     for (const [args, keep] of [
       [['--endpoint', '/main/cpu'], (s) => s.labels['http.route'] === '/main/cpu'],
@@ -135,7 +115,7 @@ test('convert', { skip: skip ?? false }, async (t) => {
       assert.match(r.stderr, /^kept \d+ of \d+ samples: the ones matching --/m);
       const raw = spawnSync(go, ['tool', 'pprof', '-raw', path.join(tmp, out)], { encoding: 'utf8' });
       assert.strictEqual(raw.status, 0, raw.stderr);
-      const kept = rawSamples(raw.stdout);
+      const kept = rawSamples(raw.stdout).samples;
       assert.deepStrictEqual(totals(kept), totals(expected), args.join(' '));
       assert.ok(kept.every(keep), args.join(' '));
     }

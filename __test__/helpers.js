@@ -1,6 +1,7 @@
 'use strict';
 // Shared test helpers: reading records the way an outside reader does, and
 // running child processes that park threads inside spans.
+const assert = require('node:assert');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
@@ -229,6 +230,26 @@ function goTool() {
   return null;
 }
 
+/** What `go tool pprof -raw` prints: each sample's values by sample type and its labels, and the lines from Locations on. */
+function rawSamples(text) {
+  const lines = text.split('\n');
+  const start = lines.findIndex((l) => l.startsWith('Samples:'));
+  const end = lines.findIndex((l) => l.startsWith('Locations'));
+  assert.ok(start >= 0 && end > start, `no Samples section in:\n${text.slice(0, 2000)}`);
+  const types = lines[start + 1].trim().split(/\s+/).map((t) => t.replace('[dflt]', '').split('/')[0]);
+  const samples = [];
+  for (const line of lines.slice(start + 2, end)) {
+    const values = line.match(/^\s*((?:-?\d+\s+)*-?\d+):/);
+    if (values) {
+      const nums = values[1].trim().split(/\s+/).map(Number);
+      samples.push({ values: Object.fromEntries(types.map((t, i) => [t, nums[i]])), labels: {} });
+      continue;
+    }
+    for (const [, k, v] of line.matchAll(/([\w.]+):\[([^\]]*)\]/g)) samples.at(-1).labels[k] = v;
+  }
+  return { samples, locations: lines.slice(end) };
+}
+
 const scratchDirs = [];
 process.on('exit', () => {
   for (const dir of scratchDirs) fs.rmSync(dir, { recursive: true, force: true });
@@ -244,4 +265,4 @@ function scratchDir(prefix) {
   return dir;
 }
 
-module.exports = { ROOT, scratchDir, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable, goTool };
+module.exports = { ROOT, scratchDir, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable, goTool, rawSamples };

@@ -12,7 +12,7 @@ const http = require('node:http');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
 const protobuf = require('protobufjs');
-const { jsonLines, exited, profileUnavailable, scratchDir, goTool } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir, goTool, rawSamples } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const SERVICE = path.join(__dirname, 'fixtures', 'profiled-service.js');
@@ -42,26 +42,6 @@ function profile(args, { signalAfterMs = null } = {}) {
     child.stdout.resume();
     child.on('exit', (code, signal) => resolve({ code, signal, stderr }));
   });
-}
-
-/** Samples of `go tool pprof -raw`: their values and labels. */
-function rawSamples(text) {
-  const lines = text.split('\n');
-  const start = lines.findIndex((l) => l.startsWith('Samples:'));
-  const end = lines.findIndex((l) => l.startsWith('Locations'));
-  assert.ok(start >= 0 && end > start, `no Samples section in:\n${text.slice(0, 2000)}`);
-  const types = lines[start + 1].trim().split(/\s+/).map((t) => t.replace('[dflt]', '').split('/')[0]);
-  const samples = [];
-  for (const line of lines.slice(start + 2, end)) {
-    const values = line.match(/^\s*((?:-?\d+\s+)*-?\d+):/);
-    if (values) {
-      const nums = values[1].trim().split(/\s+/).map(Number);
-      samples.push({ values: Object.fromEntries(types.map((t, i) => [t, nums[i]])), labels: {} });
-      continue;
-    }
-    for (const [, k, v] of line.matchAll(/([\w.]+):\[([^\]]*)\]/g)) samples.at(-1).labels[k] = v;
-  }
-  return { samples, locations: lines.slice(end) };
 }
 
 const sum = (list, f) => list.reduce((a, s) => a + f(s), 0);
