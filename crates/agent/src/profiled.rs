@@ -4,6 +4,7 @@
 //! resource.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use otel_thread_ctx_otlp::Resource;
 
@@ -12,7 +13,7 @@ use otel_thread_ctx_profiler::kernel::{ItemRead, Sample};
 use otel_thread_ctx_profiler::plan::current_process_context;
 use otel_thread_ctx_profiler::symbolize::Collector;
 use otel_thread_ctx_profiler::unwind::{choose, StackUnwinder};
-use otel_thread_ctx_profiler::{model, threadpool};
+use otel_thread_ctx_profiler::{model, perf_map, threadpool};
 use otel_thread_ctx_reader::maps::{self, Mapping};
 use otel_thread_ctx_reader::tasks;
 
@@ -24,6 +25,9 @@ pub struct Profiled {
     /// Kept across exports: it caches every module's unwind tables.
     unwinder: StackUnwinder,
     collector: Collector,
+    /// Its perf map as read so far, shared with the building thread, which
+    /// names each interval with it.
+    perf_map: Arc<Mutex<perf_map::Follower>>,
     samples: Vec<Sample>,
     /// Pool items read after a GC hid them from their samples: since the
     /// last export, and in the one before (a wait's sample arrives when the
@@ -45,6 +49,7 @@ pub struct Interval {
     pub command: String,
     pub samples: Vec<Sample>,
     pub collector: Collector,
+    pub perf_map: Arc<Mutex<perf_map::Follower>>,
     pub thread_names: HashMap<u32, String>,
     pub resource: Option<Resource>,
     pub key_map: Vec<String>,
@@ -59,6 +64,7 @@ impl Profiled {
             maps: found.maps.clone(),
             unwinder: StackUnwinder::new(found.pid, found.maps.clone()),
             collector: Collector::new(found.pid, found.maps.clone()),
+            perf_map: Arc::new(Mutex::new(perf_map::Follower::new(found.pid))),
             samples: Vec::new(),
             item_reads: Vec::new(),
             earlier_item_reads: Vec::new(),
@@ -148,6 +154,7 @@ impl Profiled {
             command: self.command.clone(),
             samples: std::mem::take(&mut self.samples),
             collector,
+            perf_map: self.perf_map.clone(),
             thread_names,
             resource: self.context.0.clone(),
             key_map: self.context.1.clone(),

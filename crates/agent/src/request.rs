@@ -61,7 +61,11 @@ pub fn build(
             duration_ns: window.duration_ns + back,
             entries: Vec::new(),
         };
-        let names = interval.collector.finish_with(symbolizer);
+        let mut perf_map = interval.perf_map.lock().unwrap_or_else(|e| e.into_inner());
+        let names = interval
+            .collector
+            .finish_with(symbolizer, Some(&mut perf_map));
+        drop(perf_map);
         let profile = model::build(
             base,
             &interval.samples,

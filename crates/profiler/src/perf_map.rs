@@ -8,14 +8,50 @@
 //! every output names one function the same way.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
 use std::io::{self, BufRead};
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::Arc;
 
-/// The perf map path of a process.
+/// The perf map path of a process: its `/tmp/perf-<pid>.map` as the
+/// process itself sees it, so that a process in a container (its own mount
+/// and pid namespaces) is named too; the host's `/tmp` when that path is
+/// not there (the process exited, or /proc/<pid>/root cannot be read).
 pub fn path(pid: i32) -> PathBuf {
-    PathBuf::from(format!("/tmp/perf-{pid}.map"))
+    let host = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    let Some(own) = own_pid(pid) else {
+        return host;
+    };
+    if own == pid as u32 && same_mounts(pid) {
+        return host;
+    }
+    let inside = PathBuf::from(format!("/proc/{pid}/root/tmp/perf-{own}.map"));
+    if inside.exists() {
+        inside
+    } else {
+        host
+    }
+}
+
+/// Whether process `pid` sees the same mounts as this one (its own mount
+/// namespace, as a container has, has its own `/tmp`); yes when that cannot
+/// be read.
+fn same_mounts(pid: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &str| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    match (id(&format!("/proc/{pid}/ns/mnt")), id("/proc/self/ns/mnt")) {
+        (Some(theirs), Some(ours)) => theirs == ours,
+        _ => true,
+    }
+}
+
+/// The pid `pid` has in its own pid namespace (the last of `NSpid`).
+fn own_pid(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
 }
 
 /// One line's entry: `[start, start + size)` holds code named `name` (as
@@ -56,6 +92,61 @@ pub struct Resolved {
     pub truncated: bool,
 }
 
+/// Longest line read: V8 writes a function's name and its script's URL.
+/// A longer line is not V8's, and is skipped whole without being held.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+
+/// How one call of [`read_line`] ended.
+struct LineRead {
+    /// Bytes taken from the reader (0: at its end).
+    consumed: u64,
+    /// The line ended in a newline (else it is still being written).
+    complete: bool,
+    /// Past [`MAX_LINE_BYTES`]: its bytes were not kept.
+    too_long: bool,
+}
+
+/// Reads one line into `line`, keeping at most [`MAX_LINE_BYTES`] of it.
+fn read_line(map: &mut impl BufRead, line: &mut Vec<u8>) -> io::Result<LineRead> {
+    line.clear();
+    let mut read = LineRead {
+        consumed: 0,
+        complete: false,
+        too_long: false,
+    };
+    loop {
+        let buf = map.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(read);
+        }
+        let (take, complete) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        if !read.too_long {
+            if line.len() + take > MAX_LINE_BYTES {
+                read.too_long = true;
+                line.clear();
+            } else {
+                line.extend_from_slice(&buf[..take]);
+            }
+        }
+        map.consume(take);
+        read.consumed += take as u64;
+        if complete {
+            read.complete = true;
+            return Ok(read);
+        }
+    }
+}
+
+/// The entry a line read holds, if any: UTF-8, well formed, and no larger
+/// than a code object.
+fn entry_of(bytes: &[u8]) -> Option<Line<'_>> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    parse_line(text.trim_end_matches(['\n', '\r'])).filter(|e| e.size <= MAX_ENTRY_BYTES)
+}
+
 /// Names each address in `addrs` by the newest entry of the perf map read
 /// from `map` that covers it. The map is read line by line and never held:
 /// it grows for the life of the process (every code creation appends a
@@ -72,19 +163,16 @@ pub fn resolve(map: impl BufRead, addrs: &[u64]) -> io::Result<Resolved> {
     let mut map = map;
     let mut bytes = Vec::new();
     loop {
-        bytes.clear();
-        if map.read_until(b'\n', &mut bytes)? == 0 {
+        let read = read_line(&mut map, &mut bytes)?;
+        if read.consumed == 0 {
             break;
         }
-        let Ok(text) = std::str::from_utf8(&bytes) else {
-            continue;
-        };
-        let Some(entry) = parse_line(text.trim_end_matches(['\n', '\r'])) else {
-            continue;
-        };
-        if entry.size > MAX_ENTRY_BYTES {
+        if read.too_long {
             continue;
         }
+        let Some(entry) = entry_of(&bytes) else {
+            continue;
+        };
         let end = entry.start.saturating_add(entry.size);
         let first = sorted.partition_point(|&a| a < entry.start);
         let mut name: Option<Rc<str>> = None;
@@ -107,6 +195,265 @@ pub fn resolve(map: impl BufRead, addrs: &[u64]) -> io::Result<Resolved> {
         names: names.into_iter().map(|(a, n)| (a, n.to_string())).collect(),
         truncated,
     })
+}
+
+/// Most code ranges a [`Follower`] keeps for one process. V8's live code
+/// is far less; a map that needs more is read whole at each resolution
+/// instead (as [`resolve`] does), so memory stays bounded.
+pub const MAX_FOLLOWED_RANGES: usize = 1 << 18;
+
+/// Most bytes of names a [`Follower`] keeps for one process, under the
+/// same rule.
+pub const MAX_FOLLOWED_NAME_BYTES: usize = 16 << 20;
+
+/// A perf map's code ranges as its newest entries say, without overlaps:
+/// `start -> (end, name)`.
+#[derive(Default)]
+struct Ranges {
+    by_start: BTreeMap<u64, Code>,
+    names: Vec<Arc<str>>,
+    ids: HashMap<Arc<str>, u32>,
+    /// Bytes of `names`, and `names`' length and bytes at the last compaction.
+    name_bytes: usize,
+    compacted_names: usize,
+    compacted_bytes: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Code {
+    end: u64,
+    name: u32,
+}
+
+impl Ranges {
+    fn name_id(&mut self, name: &str) -> u32 {
+        let name = function_name(name);
+        if let Some(&id) = self.ids.get(name.as_ref()) {
+            return id;
+        }
+        let shared: Arc<str> = Arc::from(name.as_ref());
+        let id = self.names.len() as u32;
+        self.name_bytes += shared.len();
+        self.names.push(shared.clone());
+        self.ids.insert(shared, id);
+        id
+    }
+
+    /// `[start, end)` now holds `name`'s code: whatever an older entry said
+    /// of those bytes is cut away.
+    fn insert(&mut self, start: u64, end: u64, name: &str) {
+        let name = self.name_id(name);
+        if let Some((&before, &code)) = self.by_start.range(..start).next_back() {
+            if code.end > start {
+                self.by_start.insert(before, Code { end: start, ..code });
+                if code.end > end {
+                    self.by_start.insert(end, code);
+                }
+            }
+        }
+        while let Some((&inside, &code)) = self.by_start.range(start..end).next() {
+            self.by_start.remove(&inside);
+            if code.end > end {
+                self.by_start.insert(end, code);
+            }
+        }
+        self.by_start.insert(start, Code { end, name });
+        if self.names.len() >= 2 * self.compacted_names + 4096
+            || self.name_bytes >= 2 * self.compacted_bytes + (1 << 20)
+        {
+            self.compact_names();
+        }
+    }
+
+    /// Forgets the names no range holds any more (code V8 replaced).
+    fn compact_names(&mut self) {
+        let mut new_id = vec![u32::MAX; self.names.len()];
+        let mut names = Vec::new();
+        for code in self.by_start.values_mut() {
+            let slot = &mut new_id[code.name as usize];
+            if *slot == u32::MAX {
+                *slot = names.len() as u32;
+                names.push(self.names[code.name as usize].clone());
+            }
+            code.name = *slot;
+        }
+        self.ids = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i as u32))
+            .collect();
+        self.name_bytes = names.iter().map(|n| n.len()).sum();
+        self.names = names;
+        self.compacted_names = self.names.len();
+        self.compacted_bytes = self.name_bytes;
+    }
+
+    fn name_at(&self, addr: u64) -> Option<&Arc<str>> {
+        let (_, code) = self.by_start.range(..=addr).next_back()?;
+        (addr < code.end).then(|| &self.names[code.name as usize])
+    }
+
+    fn too_large(&self) -> bool {
+        self.by_start.len() > MAX_FOLLOWED_RANGES || self.name_bytes > MAX_FOLLOWED_NAME_BYTES
+    }
+}
+
+/// One process's perf map, followed as it grows: each resolution reads
+/// only the lines appended since the last one, where [`resolve`] reads the
+/// whole map again. For a daemon that names a process's samples every few
+/// seconds for as long as it runs.
+///
+/// - only whole lines are taken: a line still being written is read with
+///   the next resolution;
+/// - the map is kept open, so the last samples of a process that exited
+///   are named too;
+/// - a map replaced at its path (a new process under a reused pid) or
+///   truncated is read again from its start.
+pub struct Follower {
+    /// Whose map ([`path`]), or the map's own path.
+    pid: i32,
+    at: Option<PathBuf>,
+    /// The map open, its (device, inode), and how far it was read.
+    file: Option<(File, (u64, u64))>,
+    offset: u64,
+    /// The rest of a line too long to keep is skipped at the next read.
+    skipping: bool,
+    ranges: Ranges,
+    /// Past the bounds: the whole map is read at each resolution.
+    too_large: bool,
+}
+
+impl Follower {
+    /// Follows the perf map of process `pid` ([`path`]); nothing is read yet.
+    pub fn new(pid: i32) -> Follower {
+        Follower::following(pid, None)
+    }
+
+    /// Follows the perf map at `path`.
+    pub fn at(path: PathBuf) -> Follower {
+        Follower::following(0, Some(path))
+    }
+
+    fn following(pid: i32, at: Option<PathBuf>) -> Follower {
+        Follower {
+            pid,
+            at,
+            file: None,
+            offset: 0,
+            skipping: false,
+            ranges: Ranges::default(),
+            too_large: false,
+        }
+    }
+
+    /// Whether the map outgrew what is kept, and is read whole each time.
+    pub fn reads_whole_map(&self) -> bool {
+        self.too_large
+    }
+
+    /// Names each address in `addrs` by the newest entry covering it, after
+    /// reading what the map gained since the last call. An error when the
+    /// map cannot be read (the process writes none).
+    pub fn resolve(&mut self, addrs: &[u64]) -> io::Result<Resolved> {
+        self.read_new_lines()?;
+        if self.too_large {
+            use std::io::{Seek, SeekFrom};
+            let Some((file, _)) = self.file.as_mut() else {
+                return Ok(Resolved::default());
+            };
+            file.seek(SeekFrom::Start(0))?;
+            return resolve(io::BufReader::with_capacity(1 << 16, &*file), addrs);
+        }
+        let names = addrs
+            .iter()
+            .filter_map(|&a| self.ranges.name_at(a).map(|n| (a, n.to_string())))
+            .collect();
+        Ok(Resolved {
+            names,
+            truncated: false,
+        })
+    }
+
+    /// The map at its path now, opened again when it is another file than
+    /// the one held; the one held when the path is gone (the process exited).
+    fn current_file(&mut self) -> io::Result<File> {
+        use std::os::unix::fs::MetadataExt;
+
+        let map = match &self.at {
+            Some(at) => at.clone(),
+            None => path(self.pid),
+        };
+        match std::fs::metadata(&map) {
+            Ok(meta) => {
+                let identity = (meta.dev(), meta.ino());
+                if self.file.as_ref().map(|(_, held)| *held) != Some(identity) {
+                    let file = File::open(&map)?;
+                    let meta = file.metadata()?;
+                    *self = Follower::following(self.pid, self.at.take());
+                    self.file = Some((file, (meta.dev(), meta.ino())));
+                }
+            }
+            Err(error) if self.file.is_none() => return Err(error),
+            Err(_) => {}
+        }
+        match &self.file {
+            // Another descriptor of the file held, read apart from `self`.
+            Some((file, _)) => file.try_clone(),
+            None => Err(io::ErrorKind::NotFound.into()),
+        }
+    }
+
+    fn read_new_lines(&mut self) -> io::Result<()> {
+        use std::io::{Read, Seek, SeekFrom};
+
+        let mut file = self.current_file()?;
+        let len = file.metadata()?.len();
+        if len < self.offset {
+            // Truncated: written again from its start.
+            let held = self.file.take();
+            *self = Follower::following(self.pid, self.at.take());
+            self.file = held;
+        }
+        if self.too_large || len == self.offset {
+            return Ok(());
+        }
+        file.seek(SeekFrom::Start(self.offset))?;
+        // Up to the size seen now: lines written meanwhile wait for the next call.
+        let mut map = io::BufReader::with_capacity(1 << 16, file.take(len - self.offset));
+        let mut bytes = Vec::new();
+        loop {
+            let read = read_line(&mut map, &mut bytes)?;
+            if read.consumed == 0 {
+                return Ok(());
+            }
+            if !read.complete {
+                // Still being written: read again next time, unless it is
+                // already too long to keep.
+                if read.too_long {
+                    self.offset += read.consumed;
+                    self.skipping = true;
+                }
+                return Ok(());
+            }
+            self.offset += read.consumed;
+            if std::mem::take(&mut self.skipping) || read.too_long {
+                continue;
+            }
+            let Some(entry) = entry_of(&bytes) else {
+                continue;
+            };
+            self.ranges.insert(
+                entry.start,
+                entry.start.saturating_add(entry.size),
+                entry.name,
+            );
+            if self.ranges.too_large() {
+                self.ranges = Ranges::default();
+                self.too_large = true;
+                return Ok(());
+            }
+        }
+    }
 }
 
 /// A JavaScript function's name without the marker V8 puts before it, which
@@ -266,6 +613,230 @@ garbage line
         // One past the end, and below every entry: unnamed.
         assert!(!r.contains_key(&0x2040));
         assert!(!r.contains_key(&0x10));
+    }
+
+    /// A scratch file for a follower, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let path = std::env::temp_dir()
+                .join(format!("perf-map-test-{}-{name}.map", std::process::id()));
+            std::fs::write(&path, "").unwrap();
+            Scratch(path)
+        }
+
+        fn append(&self, text: &[u8]) {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&self.0)
+                .unwrap();
+            f.write_all(text).unwrap();
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn names_of(f: &mut Follower, addrs: &[u64]) -> HashMap<u64, String> {
+        f.resolve(addrs).unwrap().names
+    }
+
+    #[test]
+    fn a_follower_reads_what_was_appended_and_the_newest_entry_wins() {
+        let map = Scratch::new("appended");
+        let mut f = Follower::at(map.0.clone());
+        let addrs = [0x1004, 0x1085, 0x10f0, 0x2010, 0x2040, 0x10];
+        assert!(names_of(&mut f, &addrs).is_empty());
+        // The same map as the streaming test, in three appends; the second
+        // ends in the middle of a line.
+        let text = MAP.as_bytes();
+        let cut = MAP.find("1080").unwrap() + 6;
+        map.append(&text[..40]);
+        map.append(&text[40..cut]);
+        let early = names_of(&mut f, &addrs);
+        assert_eq!(
+            early[&0x1085], "JS:startup /app/boot.js:1:1",
+            "the half-written line is not read yet"
+        );
+        map.append(&text[cut..]);
+        assert_eq!(
+            names_of(&mut f, &addrs),
+            resolve(text, &addrs).unwrap().names
+        );
+        // Later code over the same bytes.
+        map.append(b"1080 10 JS:*again /app/y.js:3:3\n");
+        let r = names_of(&mut f, &addrs);
+        assert_eq!(r[&0x1085], "JS:again /app/y.js:3:3");
+        assert_eq!(r[&0x1004], "JS:lazy /app/x.js:2:2");
+        assert!(!f.reads_whole_map());
+    }
+
+    #[test]
+    fn a_follower_cuts_older_ranges_around_newer_code() {
+        let map = Scratch::new("cuts");
+        map.append(b"1000 100 JS:~outer /a.js:1:1\n1040 20 JS:~inner /b.js:1:1\n0f00 110 JS:~low /c.js:1:1\n10f8 10 JS:~high /d.js:1:1\n");
+        let mut f = Follower::at(map.0.clone());
+        let addrs: Vec<u64> = (0xef0..0x1110).step_by(4).collect();
+        assert_eq!(
+            names_of(&mut f, &addrs),
+            resolve(
+                std::fs::File::open(&map.0)
+                    .map(std::io::BufReader::new)
+                    .unwrap(),
+                &addrs
+            )
+            .unwrap()
+            .names
+        );
+    }
+
+    #[test]
+    fn a_replaced_or_truncated_map_is_read_from_its_start() {
+        let map = Scratch::new("replaced");
+        map.append(b"1000 100 JS:~old /a.js:1:1\n");
+        let mut f = Follower::at(map.0.clone());
+        assert_eq!(names_of(&mut f, &[0x1010])[&0x1010], "JS:old /a.js:1:1");
+        // Truncated in place and written again, shorter.
+        std::fs::write(&map.0, b"2000 10 JS:~n /n.js:1:1\n").unwrap();
+        let r = names_of(&mut f, &[0x1010, 0x2004]);
+        assert!(!r.contains_key(&0x1010));
+        assert_eq!(r[&0x2004], "JS:n /n.js:1:1");
+        // Replaced by another file under the same path.
+        let other = map.0.with_extension("new");
+        std::fs::write(&other, b"3000 10 JS:~replaced /r.js:1:1\n").unwrap();
+        std::fs::rename(&other, &map.0).unwrap();
+        let r = names_of(&mut f, &[0x2004, 0x3004]);
+        assert!(!r.contains_key(&0x2004));
+        assert_eq!(r[&0x3004], "JS:replaced /r.js:1:1");
+        // Removed: the file held still names.
+        std::fs::remove_file(&map.0).unwrap();
+        assert_eq!(
+            names_of(&mut f, &[0x3004])[&0x3004],
+            "JS:replaced /r.js:1:1"
+        );
+    }
+
+    #[test]
+    fn a_process_in_its_own_mount_namespace_is_named_from_its_own_tmp() {
+        // A private /tmp, as a container has; skipped where this cannot be
+        // set up (not root, no unshare).
+        let mut child = match std::process::Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg("mount -t tmpfs none /tmp && echo '1000 10 JS:~inside /c.js:1:1' > /tmp/perf-$$.map && echo ready && exec sleep 30")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+        {
+            Ok(child) => child,
+            Err(_) => return,
+        };
+        let mut ready = String::new();
+        let _ = std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut ready,
+        );
+        let pid = child.id() as i32;
+        let found = (ready.trim() == "ready").then(|| {
+            let mut f = Follower::new(pid);
+            (path(pid), f.resolve(&[0x1004]).map(|r| r.names))
+        });
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let Some((at, names)) = found else {
+            return;
+        };
+        assert_eq!(
+            at,
+            PathBuf::from(format!("/proc/{pid}/root/tmp/perf-{pid}.map"))
+        );
+        assert!(!PathBuf::from(format!("/tmp/perf-{pid}.map")).exists());
+        assert_eq!(names.unwrap()[&0x1004], "JS:inside /c.js:1:1");
+    }
+
+    #[test]
+    fn a_process_on_this_root_is_named_from_tmp() {
+        let me = std::process::id() as i32;
+        assert_eq!(path(me), PathBuf::from(format!("/tmp/perf-{me}.map")));
+    }
+
+    #[test]
+    fn no_map_is_an_error() {
+        let mut f = Follower::at(std::env::temp_dir().join("perf-map-test-none.map"));
+        assert!(f.resolve(&[1]).is_err());
+    }
+
+    #[test]
+    fn too_long_lines_are_skipped_whole_even_while_written() {
+        let map = Scratch::new("long");
+        let mut f = Follower::at(map.0.clone());
+        map.append(b"1000 10 JS:~before /a.js:1:1\n2000 10 JS:~");
+        map.append(&vec![b'x'; MAX_LINE_BYTES]);
+        assert_eq!(names_of(&mut f, &[0x1004]).len(), 1);
+        map.append(&[b'y'; 100]);
+        map.append(b" /b.js:1:1\n3000 10 JS:~after /c.js:1:1\n");
+        let r = names_of(&mut f, &[0x1004, 0x2004, 0x3004]);
+        assert!(!r.contains_key(&0x2004));
+        assert_eq!(r[&0x3004], "JS:after /c.js:1:1");
+        let streamed = resolve(
+            std::fs::File::open(&map.0)
+                .map(std::io::BufReader::new)
+                .unwrap(),
+            &[0x1004, 0x2004, 0x3004],
+        )
+        .unwrap()
+        .names;
+        assert_eq!(r, streamed);
+    }
+
+    #[test]
+    fn a_map_past_the_bounds_is_read_whole_each_time() {
+        let map = Scratch::new("bounds");
+        let mut text = String::new();
+        for i in 0..(MAX_FOLLOWED_RANGES as u64 + 10) {
+            text.push_str(&format!(
+                "{:x} 8 JS:~f{} /a.js:1:1\n",
+                0x10000 + i * 16,
+                i % 7
+            ));
+        }
+        map.append(text.as_bytes());
+        let mut f = Follower::at(map.0.clone());
+        let addrs = [
+            0x10004,
+            0x10000 + 16 * (MAX_FOLLOWED_RANGES as u64 + 9) + 2,
+            0x10009,
+        ];
+        let r = names_of(&mut f, &addrs);
+        assert!(f.reads_whole_map());
+        assert_eq!(r[&addrs[0]], "JS:f0 /a.js:1:1");
+        assert_eq!(
+            r[&addrs[1]],
+            format!("JS:f{} /a.js:1:1", (MAX_FOLLOWED_RANGES + 9) % 7)
+        );
+        assert!(!r.contains_key(&addrs[2]));
+        map.append(b"10000 8 JS:~later /b.js:1:1\n");
+        assert_eq!(names_of(&mut f, &addrs)[&addrs[0]], "JS:later /b.js:1:1");
+    }
+
+    #[test]
+    fn names_no_range_holds_are_forgotten() {
+        let mut ranges = Ranges::default();
+        // One code range written over again and again, each time by a new
+        // function (eval'd code, new Function()).
+        for i in 0..100_000 {
+            ranges.insert(0x1000, 0x1100, &format!("JS:~f{i} /a.js:1:1"));
+        }
+        assert!(ranges.names.len() < 10_000, "{}", ranges.names.len());
+        assert_eq!(ranges.by_start.len(), 1);
+        assert_eq!(
+            ranges.name_at(0x1010).map(|n| &**n),
+            Some("JS:f99999 /a.js:1:1")
+        );
     }
 
     #[test]

@@ -80,13 +80,19 @@ impl Collector {
 
     /// Names every address seen.
     pub fn finish(self) -> Names {
-        self.finish_with(&Symbolizer::new())
+        self.finish_with(&Symbolizer::new(), None)
     }
 
     /// Names every address seen with `symbolizer`, which keeps what it
-    /// parsed (ELF symbol tables, kallsyms) for the next call: the agent
-    /// names every interval with one.
-    pub fn finish_with(self, symbolizer: &Symbolizer) -> Names {
+    /// parsed (ELF symbol tables, kallsyms) for the next call, and with
+    /// `perf_map` following the process's perf map (else the map is read
+    /// whole): the agent names every interval of a process with the same
+    /// two.
+    pub fn finish_with(
+        self,
+        symbolizer: &Symbolizer,
+        perf_map: Option<&mut perf_map::Follower>,
+    ) -> Names {
         let mut names = Names::default();
         let mut by_file: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
         let mut anonymous = Vec::new();
@@ -142,10 +148,13 @@ impl Collector {
             }
         }
         let map_path = perf_map::path(self.pid);
-        // Read as it streams: the map grows for the life of the target.
-        let resolved = std::fs::File::open(&map_path).and_then(|f| {
-            perf_map::resolve(std::io::BufReader::with_capacity(1 << 16, f), &anonymous)
-        });
+        let resolved = match perf_map {
+            Some(follower) => follower.resolve(&anonymous),
+            // Read as it streams: the map grows for the life of the target.
+            None => std::fs::File::open(&map_path).and_then(|f| {
+                perf_map::resolve(std::io::BufReader::with_capacity(1 << 16, f), &anonymous)
+            }),
+        };
         match resolved {
             Ok(found) => {
                 names.perf_map = Some(map_path.to_string_lossy().into_owned());

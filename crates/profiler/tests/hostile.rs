@@ -83,6 +83,35 @@ proptest! {
         prop_assert_eq!(resolved.names, resolve_in_file_order(&entries, &addrs));
     }
 
+    /// The same entries appended in pieces cut anywhere (mid-line too),
+    /// followed as they arrive: after the last piece, a follower names
+    /// every address as reading the file in order says.
+    #[test]
+    fn a_followed_map_names_each_address_as_the_file_says(
+        entries in vec(entry(), 0..40),
+        cuts in vec(any::<prop::sample::Index>(), 0..6),
+        addrs in vec(prop_oneof![0u64..0x500, any::<u64>()], 0..60),
+    ) {
+        use std::io::Write;
+        let text = text_of(&entries);
+        let path = std::env::temp_dir().join(format!("hostile-followed-{}.map", std::process::id()));
+        std::fs::write(&path, "").unwrap();
+        let mut follower = perf_map::Follower::at(path.clone());
+        let mut points: Vec<usize> = cuts.iter().map(|c| c.index(text.len() + 1)).collect();
+        points.push(text.len());
+        points.sort_unstable();
+        let mut written = 0;
+        for point in points {
+            let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+            f.write_all(&text.as_bytes()[written..point]).unwrap();
+            written = point;
+            follower.resolve(&addrs).unwrap();
+        }
+        let resolved = follower.resolve(&addrs).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        prop_assert_eq!(resolved.names, resolve_in_file_order(&entries, &addrs));
+    }
+
     /// Ring-buffer records of any bytes (they carry the target's record,
     /// attributes and stack words): a sample, a stack copy, an item read,
     /// or nothing.
