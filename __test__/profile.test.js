@@ -26,7 +26,14 @@ let ids = null;
 /** The line profile writes once its samplers are attached and the target's samples flow. */
 const SAMPLING_BEGAN = /^otel-thread-ctx: sampling pid \d+ at \d+ Hz for up to \d+ s; SIGINT \(Ctrl-C\) ends it early$/m;
 
-function profile(args, { signalAfterMs = null } = {}) {
+/** A capability set (CapEff, CapPrm, ...) from a status text. */
+const capabilitySet = (status, set) => BigInt(`0x${new RegExp(`^${set}:\\s*([0-9a-f]+)`, 'm').exec(status)[1]}`);
+
+/**
+ * Runs profile; `onSampling(child)` is called once it says sampling began,
+ * and SIGINT sent `signalAfterMs` later.
+ */
+function profile(args, { signalAfterMs = null, onSampling = null } = {}) {
   return new Promise((resolve) => {
     const child = spawn(READER, ['profile', '--pid', String(ids.pid), ...args], { cwd: tmp, stdio: ['ignore', 'pipe', 'pipe'] });
     let stderr = '';
@@ -34,9 +41,10 @@ function profile(args, { signalAfterMs = null } = {}) {
     child.stderr.on('data', (d) => {
       stderr += d;
       // Counted from the moment sampling began: attaching takes seconds on a loaded machine.
-      if (signalAfterMs !== null && !signalled && SAMPLING_BEGAN.test(stderr)) {
+      if (!signalled && SAMPLING_BEGAN.test(stderr)) {
         signalled = true;
-        setTimeout(() => child.kill('SIGINT'), signalAfterMs);
+        onSampling?.(child);
+        if (signalAfterMs !== null) setTimeout(() => child.kill('SIGINT'), signalAfterMs);
       }
     });
     child.stdout.resume();
@@ -184,10 +192,23 @@ test('profile', { skip: skip ?? false }, async (t) => {
     assert.match(check.stdout, /: conformant$/m);
   });
 
-  await t.test('svg on SIGINT: whole-run and per-trace flame graphs are written', async () => {
+  await t.test('svg on SIGINT: whole-run and per-trace flame graphs are written; sampling holds four capabilities', async () => {
     const out = path.join(tmp, 'run.svg');
-    const r = await profile(['--duration', '60', '--format', 'svg', '--group-by', 'thread', '-o', out], { signalAfterMs: 2000 });
+    let status = null;
+    const r = await profile(['--duration', '60', '--format', 'svg', '--group-by', 'thread', '-o', out], {
+      signalAfterMs: 2000,
+      onSampling: (child) => {
+        status = fs.readFileSync(`/proc/${child.pid}/status`, 'utf8');
+      },
+    });
     assert.strictEqual(r.code, 0, r.stderr);
+    // Once attached (run as root): CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH
+    // and CAP_DAC_OVERRIDE (to write its outputs), nothing more, for good.
+    const kept = (1n << 39n) | (1n << 19n) | (1n << 2n) | (1n << 1n);
+    assert.strictEqual(capabilitySet(status, 'CapEff'), kept, status);
+    assert.strictEqual(capabilitySet(status, 'CapPrm'), kept, status);
+    assert.strictEqual(capabilitySet(status, 'CapBnd') & ~kept, 0n, status);
+    assert.match(status, /^NoNewPrivs:\s*1$/m);
     assert.match(r.stderr, /ended by signal 2/);
     const whole = fs.readFileSync(out, 'utf8');
     assert.match(whole, /<svg/);

@@ -278,6 +278,16 @@ fn sample(
     let start_unix_ns = unix_now_ns();
     let started = Instant::now();
     loaded.add_target(&plan)?;
+    // Everything is attached: what is left is reading the target's memory
+    // and files, the maps, and writing the outputs. This command runs on
+    // one thread, so giving them up here covers the whole process.
+    if let Err(e) = otel_thread_ctx_profiler::system::keep_only_capabilities(
+        &otel_thread_ctx_profiler::system::PROFILE_CAPABILITIES_AFTER_LOAD,
+    ) {
+        lines.push(format!(
+            "could not give up the capabilities it no longer needs: {e}"
+        ));
+    }
     // Attaching takes seconds (the kernel verifies the programs): say when
     // sampling has begun, so a user (or a script) knows the run is live.
     eprintln!(

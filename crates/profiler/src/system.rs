@@ -5,6 +5,7 @@ use std::io;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Capability numbers (`linux/capability.h`).
+pub const CAP_DAC_OVERRIDE: u32 = 1;
 pub const CAP_DAC_READ_SEARCH: u32 = 2;
 pub const CAP_SYS_PTRACE: u32 = 19;
 pub const CAP_SYS_ADMIN: u32 = 21;
@@ -17,6 +18,16 @@ pub const CAP_BPF: u32 = 39;
 /// even on a map the process holds), CAP_SYS_PTRACE
 /// and CAP_DAC_READ_SEARCH to read other users' processes and files.
 pub const CAPABILITIES_AFTER_LOAD: [u32; 3] = [CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH];
+
+/// What `profile` keeps once its programs are attached: the same, and
+/// CAP_DAC_OVERRIDE, because it writes its outputs at the end where its
+/// user asked, which run with sudo is often a directory root does not own.
+pub const PROFILE_CAPABILITIES_AFTER_LOAD: [u32; 4] = [
+    CAP_BPF,
+    CAP_SYS_PTRACE,
+    CAP_DAC_READ_SEARCH,
+    CAP_DAC_OVERRIDE,
+];
 
 /// The capabilities this process lacks to load tracing BPF programs and
 /// open system-wide perf events, by name: none with root's capabilities
