@@ -19,7 +19,7 @@ const DOCS = path.join(ROOT, 'docs');
 const docsFiles = fs.readdirSync(DOCS).filter((f) => f.endsWith('.md')).sort().map((f) => path.join('docs', f));
 /** Documents whose JavaScript runs. */
 const RUN_JS = ['README.md', ...docsFiles];
-/** Documents whose reader commands are checked (the reader's reference too). */
+/** Documents whose reader commands are checked (the CLI's README too). */
 const CHECK_CLI = [...RUN_JS, 'crates/cli/README.md', 'demo/README.md'];
 /** Documents whose links are checked. */
 const CHECK_LINKS = [...CHECK_CLI, 'BENCHMARKS.md'];
