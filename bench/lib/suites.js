@@ -524,9 +524,11 @@ async function startServers(node, name, kinds, params) {
   return servers;
 }
 
-/** Stops every server (stdin end; killed when it does not exit in time). */
+/** Stops every server (stdin end; killed when it does not exit in time): { [kind]: its last JSON line }. */
 async function stopServers(servers) {
-  await Promise.all(Object.values(servers).map((s) => s.stop(5000)));
+  const kinds = Object.keys(servers);
+  const ends = await Promise.all(kinds.map((kind) => servers[kind].stop(5000)));
+  return Object.fromEntries(kinds.map((kind, i) => [kind, ends[i]]));
 }
 
 /** The `q` quantile (0..1, nearest rank) of `values`, or NaN for none. */
@@ -658,13 +660,20 @@ function interleavedSuite(name, title, detail, runRound) {
   };
 }
 
-/** Runs `load(servers)` with one `name` server per kind on `node`, stopping them however it ends. */
+/**
+ * Runs `load(servers)` with one `name` server per kind on `node`, then
+ * stops them and adds to each kind's result the spans its server exported
+ * and the requests it served (warm-up included). The servers are killed
+ * however it ends.
+ */
 async function withServers(node, name, params, load) {
   const servers = await startServers(node, name, interleavedKinds(node), params);
   try {
-    return await load(servers);
+    const result = await load(servers);
+    const ends = await stopServers(servers);
+    for (const [kind, end] of Object.entries(ends)) Object.assign(result[kind], { spans: end?.spans, served: end?.served });
+    return result;
   } finally {
-    await stopServers(servers);
     for (const s of Object.values(servers)) s.child.kill('SIGKILL');
   }
 }
