@@ -107,3 +107,29 @@ test('bench/run.js --quick runs the switching suites: one server taking turns wi
     }
   }
 });
+
+test('bench/run.js --quick runs the interleaved suites: one server process per manager kind, a second stock one, loaded in turns', () => {
+  const { stdout, results } = runBench(['--rounds', '1', '--only', 'http-interleaved,service-interleaved,fastify-interleaved', '--scale', '0.2'], 180000);
+  for (const title of ['http', 'Express service', 'Fastify']) {
+    const cpu = `${title} server CPU per request, separate servers interleaved`;
+    assert.match(stdout, new RegExp(`\\| ${cpu} \\(ours/stock\\) \\| \\d+\\.\\d\\d`));
+    assert.match(stdout, new RegExp(`\\| ${cpu}, the null test \\(stock2/stock\\) \\| \\d+\\.\\d\\d`));
+  }
+  const kinds = ['stock', 'stock2', 'ours', 'bare', 'record'];
+  // Datadog's writer publishes only where AsyncLocalStorage runs on AsyncContextFrame.
+  if (Number(process.versions.node.split('.')[0]) >= 24) kinds.push('datadog');
+  for (const suite of ['http-interleaved', 'service-interleaved', 'fastify-interleaved']) {
+    const [round] = results[suite][process.versions.node].rounds;
+    assert.deepStrictEqual(Object.keys(round).sort(), [...kinds].sort(), suite);
+    for (const kind of kinds) {
+      const r = round[kind];
+      assert.ok(r.bursts.length >= 2 && r.bursts.every((ns) => ns > 0), `${suite} ${kind}: bursts`);
+      assert.strictEqual(r.ratios.length, r.bursts.length, `${suite} ${kind}: ratios`);
+      assert.ok(Number.isFinite(r.ratio) && r.ratio > 0, `${suite} ${kind}: ratio`);
+      // Same request count for every server; every request traced.
+      assert.strictEqual(r.served, round.stock.served, `${suite} ${kind}: served`);
+      assert.ok(r.spans >= r.served, `${suite} ${kind}: spans`);
+    }
+    assert.strictEqual(round.stock.ratio, 1);
+  }
+});

@@ -4,14 +4,16 @@
 // AsyncLocalStorageContextManager, on Node 20 and Node 24, and prints one
 // table of ratios with their targets. See BENCHMARKS.md for the method.
 //
-//   node bench/run.js [--quick] [--only sync,interleave,async,http,service,fastify,http-switching,...]
+//   node bench/run.js [--quick] [--only sync,interleave,async,http,service,fastify,http-switching,http-interleaved,...]
 //                     [--node <path>[,<path>...]] [--rounds N] [--scale F]
 //                     [--json <file>]
 //
 // Every round runs each variant (stock, ours; for http also no tracing) in
 // its own process, alternating which goes first, so a hook installed by one
 // manager never slows the other; the switching suites instead run one
-// server that switches managers between short bursts of load. The table
+// server that switches managers between short bursts of load, and the
+// interleaved suites run one server per manager, all at once on one core,
+// loaded in turns of short bursts. The table
 // shows the median over rounds of each round's ratio (or difference), with
 // the spread [min, max].
 

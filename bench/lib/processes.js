@@ -121,4 +121,48 @@ function processCpuNs(pid) {
   return (ticks * 1e9) / CLOCK_TICKS;
 }
 
-module.exports = { ROOT, canPin, runCase, startCase, processCpuNs, CLOCK_TICKS };
+/**
+ * On-CPU time of process `pid` in ns, to the nanosecond: the first field
+ * of /proc/<pid>/task/<tid>/schedstat (the scheduler's sum_exec_runtime)
+ * summed over all its threads (main, libuv pool, V8's GC and compiler
+ * threads). A running thread's figure is brought up to date only at a tick
+ * or a switch, so read it while the process sleeps (settledCpuNs). Null
+ * when there is no such process (anymore).
+ */
+function threadsCpuNs(pid) {
+  let tids;
+  try {
+    tids = fs.readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return null;
+  }
+  let ns = 0;
+  for (const tid of tids) {
+    try {
+      ns += Number(fs.readFileSync(`/proc/${pid}/task/${tid}/schedstat`, 'latin1').split(' ', 1)[0]);
+    } catch {
+      // A thread that exited since the listing: its time left with it.
+    }
+  }
+  return ns;
+}
+
+const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * threadsCpuNs(pid) once the process has stopped running: read every
+ * `stepMs` until two reads agree (it used no CPU in between), at most
+ * `maxSteps` times (then the last read). Resolves with { ns, steps }.
+ */
+async function settledCpuNs(pid, { stepMs = 1, maxSteps = 50 } = {}) {
+  let last = threadsCpuNs(pid);
+  for (let step = 1; step <= maxSteps; step++) {
+    await pause(stepMs);
+    const now = threadsCpuNs(pid);
+    if (now === last) return { ns: now, steps: step };
+    last = now;
+  }
+  return { ns: last, steps: maxSteps };
+}
+
+module.exports = { ROOT, canPin, runCase, startCase, processCpuNs, threadsCpuNs, settledCpuNs, CLOCK_TICKS };

@@ -3,14 +3,19 @@
 // contributes to the summary table. Every round runs each variant in its own
 // process, except in the suites with `runRound`, where one process takes
 // turns with the variants: the switching servers, and the sync and
-// interleave micro-benchmarks (bench/lib/turns.js). `value(round)` turns
+// interleave micro-benchmarks (bench/lib/turns.js); and the interleaved
+// suites, whose `runRound` runs one server process per variant, all at
+// once, loaded in turns (interleavedLoad). `value(round)` turns
 // one round ({ stock, floor, ours, none, direct } results) into one number,
 // and the table shows their median and spread.
 //
 // Targets: `n20` applies to Node < 24, `n24` to Node >= 24 (where
 // AsyncLocalStorage follows V8's continuation-preserved data).
 
-const { runCase, startCase, processCpuNs, canPin } = require('./processes');
+const { spawnSync } = require('node:child_process');
+const { randomInt } = require('node:crypto');
+const path = require('node:path');
+const { ROOT, runCase, startCase, processCpuNs, settledCpuNs, canPin } = require('./processes');
 const { onLines } = require('./common');
 const { pairedMedian, median } = require('./stats');
 const { cycleOrder } = require('./turns');
@@ -456,6 +461,251 @@ const fastifySwitching = switchingSuite('fastify-switching', 'Fastify', 'fastify
   }
 });
 
+/**
+ * The interleaved suites' servers, one process per kind, all running at
+ * once. 'stock2' is a second stock server: stock2/stock is the harness's
+ * null test (its spread is the harness's own). The Datadog peer runs only
+ * where its writer can publish (Node 24 and later); its rows show n/a
+ * elsewhere.
+ */
+const INTERLEAVED = ['stock', 'stock2', 'ours', 'bare', 'record', 'datadog'];
+/** The manager kind a server of `kind` runs (bench/lib/common.js, createManager). */
+const managerOf = (kind) => (kind === 'stock2' ? 'stock' : kind);
+
+const datadogChecked = new Map();
+/** Whether the Datadog peer can run on `node` (asked once per Node, in a process of its own). */
+function datadogRuns(node) {
+  if (!datadogChecked.has(node)) {
+    const common = path.join(__dirname, 'common.js');
+    const check = `process.exit(require(${JSON.stringify(common)}).unavailable('datadog') === null ? 0 : 3)`;
+    const r = spawnSync(node, ['-e', check], { cwd: ROOT, stdio: 'ignore' });
+    datadogChecked.set(node, r.status === 0);
+  }
+  return datadogChecked.get(node);
+}
+
+/** The kinds the interleaved suites run on `node`. */
+const interleavedKinds = (node) => INTERLEAVED.filter((kind) => kind !== 'datadog' || datadogRuns(node));
+
+/** `items` in a random order whose first item is not `notFirst` (when it has another). */
+function shuffled(items, notFirst) {
+  for (;;) {
+    const order = [...items];
+    for (let i = order.length - 1; i > 0; i--) {
+      const j = randomInt(i + 1);
+      [order[i], order[j]] = [order[j], order[i]];
+    }
+    if (order.length < 2 || order[0] !== notFirst) return order;
+  }
+}
+
+/**
+ * Starts one server of case `name` per kind, all pinned to core 1, with
+ * `params(manager)`: resolves with { [kind]: started } (bench/lib/processes.js,
+ * startCase), or kills the ones that started and throws.
+ */
+async function startServers(node, name, kinds, params) {
+  const settled = await Promise.allSettled(kinds.map((kind) => startCase(node, name, params(managerOf(kind)), { core: 1 })));
+  const failed = settled.find((s) => s.status === 'rejected');
+  if (failed) {
+    for (const s of settled) if (s.status === 'fulfilled') s.value.child.kill('SIGKILL');
+    throw failed.reason;
+  }
+  const servers = {};
+  kinds.forEach((kind, i) => {
+    const started = settled[i].value;
+    const has = started.first.managers;
+    if (!Array.isArray(has) || has.length !== 1 || has[0] !== managerOf(kind)) {
+      for (const s of settled) s.value.child.kill('SIGKILL');
+      throw new Error(`the ${kind} server runs ${JSON.stringify(has)}, not ${managerOf(kind)}`);
+    }
+    servers[kind] = started;
+  });
+  return servers;
+}
+
+/** Stops every server (stdin end; killed when it does not exit in time): { [kind]: its last JSON line }. */
+async function stopServers(servers) {
+  const kinds = Object.keys(servers);
+  const ends = await Promise.all(kinds.map((kind) => servers[kind].stop(5000)));
+  return Object.fromEntries(kinds.map((kind, i) => [kind, ends[i]]));
+}
+
+/** The `q` quantile (0..1, nearest rank) of `values`, or NaN for none. */
+function rank(values, q) {
+  const s = [...values].sort((a, b) => a - b);
+  return s.length === 0 ? NaN : s[Math.min(s.length - 1, Math.floor(q * s.length))];
+}
+
+/**
+ * Separate server processes, one per kind (`servers`, { [kind]: started }),
+ * all pinned to core 1 and all up at once, loaded in turns: every cycle
+ * sends one burst of `burst` requests to each server in a fresh random
+ * order (the load generator on core 0, one keep-alive agent per server), so
+ * the host's two speed states, which switch within about a second, fall on
+ * every server alike, and nothing (JIT code, inline caches, heap) is shared
+ * between the kinds. A burst's CPU is the server's on-CPU time over all its
+ * threads (bench/lib/processes.js, threadsCpuNs), read from outside once
+ * the server has gone idle before the burst and again after it answered
+ * it. The first `warmUpCycles` cycles are not counted.
+ *
+ * Per kind: the median over cycles of its CPU per request, and its ratio
+ * to the stock server's burst of the same cycle, the median with the
+ * quartiles and extremes over cycles; also the ratio of the medians, and
+ * the ratio of the kind's total CPU over all measured bursts to stock's.
+ */
+async function interleavedLoad(servers, urls, opts, { burst, cycles, warmUpCycles }) {
+  const kinds = Object.keys(servers);
+  const generator = await startCase(
+    process.execPath,
+    'http-bursts',
+    { urls: kinds.map((kind) => urls[kind]), connections: 10, persistent: true },
+    { core: 0 },
+  );
+  try {
+    const send = lineControl(generator);
+    const requests = count(burst, opts);
+    const warm = opts.quick ? 4 : warmUpCycles;
+    const measured = opts.quick ? 10 : cycles;
+    const bursts = Object.fromEntries(kinds.map((kind) => [kind, []]));
+    const latencyUs = Object.fromEntries(kinds.map((kind) => [kind, []]));
+    const settleSteps = [];
+    let last = null;
+    const started = Date.now();
+    for (let c = 0; c < warm + measured; c++) {
+      const order = shuffled(kinds, last);
+      last = order[order.length - 1];
+      for (const kind of order) {
+        const { pid } = servers[kind].first;
+        const before = await settledCpuNs(pid);
+        const result = await send(`${requests} ${kinds.indexOf(kind)}`);
+        const after = await settledCpuNs(pid);
+        if (result.errors > 0) throw new Error(`${kind}: ${result.errors} failed requests`);
+        if (before.ns === null || after.ns === null) throw new Error(`the ${kind} server (pid ${pid}) exited`);
+        if (c < warm) continue;
+        bursts[kind].push((after.ns - before.ns) / result.requests);
+        for (const us of result.latencyUs) latencyUs[kind].push(us);
+        settleSteps.push(after.steps);
+      }
+    }
+    const cycleMs = (Date.now() - started) / (warm + measured);
+    const stockMedian = median(bursts.stock);
+    const sum = (values) => values.reduce((a, b) => a + b, 0);
+    const out = {};
+    for (const kind of kinds) {
+      const ratios = bursts[kind].map((ns, i) => ns / bursts.stock[i]);
+      out[kind] = {
+        cpuNsPerRequest: median(bursts[kind]),
+        ratio: median(ratios),
+        ratioP25: rank(ratios, 0.25),
+        ratioP75: rank(ratios, 0.75),
+        ratioMin: Math.min(...ratios),
+        ratioMax: Math.max(...ratios),
+        medianRatio: median(bursts[kind]) / stockMedian,
+        // All measured bursts' CPU over the stock server's: counts in full
+        // the collections that fall in a minority of bursts (a median
+        // burst may have none), each cycle weighing the same for both.
+        sumRatio: sum(bursts[kind]) / sum(bursts.stock),
+        p99Ms: rank(latencyUs[kind], 0.99) / 1000,
+        requests: bursts[kind].length * requests,
+        bursts: bursts[kind],
+        ratios,
+      };
+    }
+    const shown = kinds
+      .filter((kind) => kind !== 'stock')
+      .map((kind) => `${kind}/stock ${out[kind].ratio.toFixed(3)} [${out[kind].ratioP25.toFixed(3)}, ${out[kind].ratioP75.toFixed(3)}]`)
+      .join('; ');
+    process.stderr.write(
+      `    ${measured} cycles (+${warm} warm-up) of ${requests} requests per server, ${cycleMs.toFixed(0)} ms per cycle, ` +
+        `settled after a median ${median(settleSteps)} ms; per cycle, median [p25, p75]: ${shown}\n`,
+    );
+    return out;
+  } finally {
+    await generator.stop();
+  }
+}
+
+/** A round's `field` of `kind`, NaN (n/a) when that server did not run. */
+const fieldOf = (field, kind) => (r) => (r[kind] ? r[kind][field] : NaN);
+
+/**
+ * An interleaved suite: `title` names its rows, `detail` its detail rows,
+ * and `runRound(node, opts)` starts the servers and runs interleavedLoad.
+ * Its ratios are each round's median over cycles of the per-cycle ratio.
+ */
+function interleavedSuite(name, title, detail, runRound) {
+  const cpu = `${title} server CPU per request, separate servers interleaved`;
+  return {
+    name,
+    variants: INTERLEAVED,
+    rounds: { full: 3, quick: 1 },
+    runRound,
+    rows: [
+      { label: `${cpu} (ours/stock)`, unit: 'ratio', value: fieldOf('ratio', 'ours'), target: { n20: 1.02, n24: 1.02 } },
+      { label: `${cpu}, identity attributes off (bare/stock)`, unit: 'ratio', value: fieldOf('ratio', 'bare'), target: { n20: 1.01, n24: 1.01 } },
+      { label: `${cpu}, record mode (record/stock)`, unit: 'ratio', value: fieldOf('ratio', 'record'), target: null },
+      { label: `${cpu} (datadog/stock)`, unit: 'ratio', value: fieldOf('ratio', 'datadog'), target: null },
+      // Two stock servers: what the harness itself makes of no difference.
+      { label: `${cpu}, the null test (stock2/stock)`, unit: 'ratio', value: fieldOf('ratio', 'stock2'), target: null },
+    ],
+    details: [
+      { label: `${detail} interleaved: server CPU per request (median burst)`, field: 'cpuNsPerRequest', unit: 'us' },
+      { label: `${detail} interleaved: per-cycle ratio to stock, p25`, field: 'ratioP25', unit: 'ratio' },
+      { label: `${detail} interleaved: per-cycle ratio to stock, p75`, field: 'ratioP75', unit: 'ratio' },
+      { label: `${detail} interleaved: ratio of the median bursts to stock's`, field: 'medianRatio', unit: 'ratio' },
+      { label: `${detail} interleaved: ratio of total CPU over all measured bursts to stock's`, field: 'sumRatio', unit: 'ratio' },
+      { label: `${detail} interleaved: p99 latency`, field: 'p99Ms', unit: 'ms' },
+    ],
+  };
+}
+
+/**
+ * Runs `load(servers)` with one `name` server per kind on `node`, then
+ * stops them and adds to each kind's result the spans its server exported
+ * and the requests it served (warm-up included). The servers are killed
+ * however it ends.
+ */
+async function withServers(node, name, params, load) {
+  const servers = await startServers(node, name, interleavedKinds(node), params);
+  try {
+    const result = await load(servers);
+    const ends = await stopServers(servers);
+    for (const [kind, end] of Object.entries(ends)) Object.assign(result[kind], { spans: end?.spans, served: end?.served });
+    return result;
+  } finally {
+    for (const s of Object.values(servers)) s.child.kill('SIGKILL');
+  }
+}
+
+const urlsOf = (servers, route) =>
+  Object.fromEntries(Object.entries(servers).map(([kind, s]) => [kind, `http://127.0.0.1:${s.first.port}${route}`]));
+
+const httpInterleaved = interleavedSuite('http-interleaved', 'http', 'http', (node, opts) =>
+  withServers(node, 'http-server', (manager) => ({ manager }), (servers) =>
+    interleavedLoad(servers, urlsOf(servers, '/'), opts, { burst: 200, cycles: 120, warmUpCycles: 30 }),
+  ),
+);
+
+const serviceInterleaved = interleavedSuite('service-interleaved', 'Express service', 'service', async (node, opts) => {
+  // One upstream for all the services, on the load generator's core.
+  const upstream = await startCase(process.execPath, 'upstream', {}, { core: 0 });
+  try {
+    const params = (manager) => ({ manager, upstream: `http://127.0.0.1:${upstream.first.port}` });
+    return await withServers(node, 'service-server', params, (servers) =>
+      interleavedLoad(servers, urlsOf(servers, '/orders/42'), opts, { burst: 100, cycles: 120, warmUpCycles: 30 }),
+    );
+  } finally {
+    await upstream.stop();
+  }
+});
+
+const fastifyInterleaved = interleavedSuite('fastify-interleaved', 'Fastify', 'fastify', (node, opts) =>
+  withServers(node, 'fastify-server', (manager) => ({ manager }), (servers) =>
+    interleavedLoad(servers, urlsOf(servers, '/'), opts, { burst: 200, cycles: 120, warmUpCycles: 30 }),
+  ),
+);
+
 const http = {
   name: 'http',
   variants: ['none', 'stock', 'floor', 'ours'],
@@ -678,6 +928,9 @@ const SUITES = [
   httpSwitching,
   serviceSwitching,
   fastifySwitching,
+  httpInterleaved,
+  serviceInterleaved,
+  fastifyInterleaved,
   memory,
   direct,
   workers,
