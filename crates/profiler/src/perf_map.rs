@@ -293,7 +293,11 @@ impl Ranges {
         (addr < code.end).then(|| &self.names[code.name as usize])
     }
 
-    fn too_large(&self) -> bool {
+    /// Past the bounds, counting only the names some range still holds.
+    fn too_large(&mut self) -> bool {
+        if self.name_bytes > MAX_FOLLOWED_NAME_BYTES {
+            self.compact_names();
+        }
         self.by_start.len() > MAX_FOLLOWED_RANGES || self.name_bytes > MAX_FOLLOWED_NAME_BYTES
     }
 }
@@ -837,6 +841,12 @@ garbage line
             ranges.name_at(0x1010).map(|n| &**n),
             Some("JS:f99999 /a.js:1:1")
         );
+        // Long names, together past the bound, of which one is held: not too large.
+        let long = "x".repeat(MAX_LINE_BYTES / 2);
+        for i in 0..(2 * MAX_FOLLOWED_NAME_BYTES / long.len()) {
+            ranges.insert(0x1000, 0x1100, &format!("JS:~{long}{i}"));
+            assert!(!ranges.too_large(), "after {i}");
+        }
     }
 
     #[test]
