@@ -46,8 +46,8 @@ function freePort() {
 /** A thread's capability set `set` (CapEff, CapPrm, ...) from its status text. */
 const capabilitySet = (status, set) => BigInt(`0x${new RegExp(`^${set}:\\s*([0-9a-f]+)`, 'm').exec(status)[1]}`);
 
-/** What the agent keeps once its programs are attached: CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH. */
-const kept = (1n << 39n) | (1n << 19n) | (1n << 2n);
+/** What the agent keeps once its programs are attached: CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_SYSLOG. */
+const kept = (1n << 39n) | (1n << 19n) | (1n << 2n) | (1n << 34n);
 
 // Frame mode where this Node line has it (24 and later by default), record mode elsewhere.
 const DEFAULT_MODE_LABEL = Number(process.versions.node.split('.')[0]) >= 24 ? 'frame' : 'record';
@@ -68,7 +68,7 @@ test('agent: --output-dir, processes started before and after it, exits noticed'
   assertComplete(seen, after);
   assert.deepStrictEqual(seen.get(before.ids.pid).types.sort(), ['cpu', 'off_cpu']);
   // Once its programs were attached, every thread of the agent holds
-  // CAP_BPF, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH at most (all three,
+  // CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_SYSLOG at most (all four,
   // run as root), and none can regain more.
   for (const tid of fs.readdirSync(`/proc/${agent.child.pid}/task`)) {
     const status = fs.readFileSync(`/proc/${agent.child.pid}/task/${tid}/status`, 'utf8');
@@ -256,14 +256,14 @@ function capabilityTrialUnavailable() {
   return null;
 }
 
-test('agent: as an unprivileged user with the documented file capabilities, it profiles another user\'s service, then holds three', { skip: capabilityTrialUnavailable() ?? false }, async (t) => {
-  // A copy of the reader other users may run, given the four capabilities by file.
+test('agent: as an unprivileged user with the documented file capabilities, it profiles another user\'s service, then holds four', { skip: capabilityTrialUnavailable() ?? false }, async (t) => {
+  // A copy of the reader other users may run, given the five capabilities by file.
   const dir = scratchDir('otel-thread-ctx-agent-caps-');
   fs.chmodSync(dir, 0o777);
   const binary = path.join(dir, 'otel-thread-ctx');
   fs.copyFileSync(READER, binary);
   fs.chmodSync(binary, 0o755);
-  const setcap = spawnSync('setcap', ['cap_bpf,cap_perfmon,cap_sys_ptrace,cap_dac_read_search+ep', binary], { encoding: 'utf8' });
+  const setcap = spawnSync('setcap', ['cap_bpf,cap_perfmon,cap_sys_ptrace,cap_dac_read_search,cap_syslog+ep', binary], { encoding: 'utf8' });
   assert.strictEqual(setcap.status, 0, setcap.stderr);
   // The service runs as root: another user's process.
   const service = await startService(t, 'agent-unprivileged', undefined);

@@ -192,7 +192,7 @@ test('profile', { skip: skip ?? false }, async (t) => {
     assert.match(check.stdout, /: conformant$/m);
   });
 
-  await t.test('svg on SIGINT: whole-run and per-trace flame graphs are written; sampling holds four capabilities', async () => {
+  await t.test('svg on SIGINT: whole-run and per-trace flame graphs are written; sampling holds five capabilities', async () => {
     const out = path.join(tmp, 'run.svg');
     let status = null;
     const r = await profile(['--duration', '60', '--format', 'svg', '--group-by', 'thread', '-o', out], {
@@ -202,9 +202,9 @@ test('profile', { skip: skip ?? false }, async (t) => {
       },
     });
     assert.strictEqual(r.code, 0, r.stderr);
-    // Once attached (run as root): CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH
-    // and CAP_DAC_OVERRIDE (to write its outputs), nothing more, for good.
-    const kept = (1n << 39n) | (1n << 19n) | (1n << 2n) | (1n << 1n);
+    // Once attached (run as root): CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH,
+    // CAP_SYSLOG and CAP_DAC_OVERRIDE (to write its outputs), nothing more, for good.
+    const kept = (1n << 39n) | (1n << 19n) | (1n << 2n) | (1n << 34n) | (1n << 1n);
     assert.strictEqual(capabilitySet(status, 'CapEff'), kept, status);
     assert.strictEqual(capabilitySet(status, 'CapPrm'), kept, status);
     assert.strictEqual(capabilitySet(status, 'CapBnd') & ~kept, 0n, status);

@@ -9,6 +9,7 @@ pub const CAP_DAC_OVERRIDE: u32 = 1;
 pub const CAP_DAC_READ_SEARCH: u32 = 2;
 pub const CAP_SYS_PTRACE: u32 = 19;
 pub const CAP_SYS_ADMIN: u32 = 21;
+pub const CAP_SYSLOG: u32 = 34;
 pub const CAP_PERFMON: u32 = 38;
 pub const CAP_BPF: u32 = 39;
 
@@ -16,16 +17,21 @@ pub const CAP_BPF: u32 = 39;
 /// attached: CAP_BPF to add targets to the loaded maps (where unprivileged
 /// BPF is disabled, kernels before 6.5 refuse every bpf() call without it,
 /// even on a map the process holds), CAP_SYS_PTRACE
-/// and CAP_DAC_READ_SEARCH to read other users' processes and files.
-pub const CAPABILITIES_AFTER_LOAD: [u32; 3] = [CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH];
+/// and CAP_DAC_READ_SEARCH to read other users' processes and files, and
+/// CAP_SYSLOG to name kernel frames: with `kernel.kptr_restrict` at 1
+/// `/proc/kallsyms` shows its addresses only to a reader that holds it.
+/// Capabilities the process does not hold stay absent.
+pub const CAPABILITIES_AFTER_LOAD: [u32; 4] =
+    [CAP_BPF, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_SYSLOG];
 
 /// What `profile` keeps once its programs are attached: the same, and
 /// CAP_DAC_OVERRIDE, because it writes its outputs at the end where its
 /// user asked, which run with sudo is often a directory root does not own.
-pub const PROFILE_CAPABILITIES_AFTER_LOAD: [u32; 4] = [
+pub const PROFILE_CAPABILITIES_AFTER_LOAD: [u32; 5] = [
     CAP_BPF,
     CAP_SYS_PTRACE,
     CAP_DAC_READ_SEARCH,
+    CAP_SYSLOG,
     CAP_DAC_OVERRIDE,
 ];
 
