@@ -206,6 +206,10 @@ pub const MAX_FOLLOWED_RANGES: usize = 1 << 18;
 /// same rule.
 pub const MAX_FOLLOWED_NAME_BYTES: usize = 16 << 20;
 
+/// Ranges a [`Follower`] holds before it drops those of code that is no
+/// longer mapped (checked again each time they double).
+const FIRST_PRUNE_AT: usize = 1 << 16;
+
 /// A perf map's code ranges as its newest entries say, without overlaps:
 /// `start -> (end, name)`.
 #[derive(Default)]
@@ -288,6 +292,23 @@ impl Ranges {
         self.compacted_bytes = self.name_bytes;
     }
 
+    /// Keeps only the ranges that overlap one of `mapped` (sorted,
+    /// `[start, end)`): code whose memory is gone (a worker's isolate that
+    /// exited, a code space V8 released) can no longer be sampled.
+    fn retain_mapped(&mut self, mapped: &[(u64, u64)]) {
+        let mut next = 0;
+        self.by_start.retain(|&start, code| {
+            while next < mapped.len() && mapped[next].1 <= start {
+                next += 1;
+            }
+            // The first mapping ending past `start` may still begin after it.
+            (next..mapped.len())
+                .take_while(|&i| mapped[i].0 < code.end)
+                .any(|i| mapped[i].1 > start)
+        });
+        self.compact_names();
+    }
+
     fn name_at(&self, addr: u64) -> Option<&Arc<str>> {
         let (_, code) = self.by_start.range(..=addr).next_back()?;
         (addr < code.end).then(|| &self.names[code.name as usize])
@@ -312,7 +333,10 @@ impl Ranges {
 /// - the map is kept open, so the last samples of a process that exited
 ///   are named too;
 /// - a map replaced at its path (a new process under a reused pid) or
-///   truncated is read again from its start.
+///   truncated is read again from its start;
+/// - ranges of code no longer in the process's memory are dropped as they
+///   pile up: a process whose workers come and go writes each new
+///   isolate's code at new addresses, and the map never says it is gone.
 pub struct Follower {
     /// Whose map ([`path`]), or the map's own path.
     pid: i32,
@@ -323,6 +347,9 @@ pub struct Follower {
     /// The rest of a line too long to keep is skipped at the next read.
     skipping: bool,
     ranges: Ranges,
+    /// When `ranges` grows past this, ranges outside the process's
+    /// current mappings are dropped.
+    prune_at: usize,
     /// Past the bounds: the whole map is read at each resolution.
     too_large: bool,
 }
@@ -346,6 +373,7 @@ impl Follower {
             offset: 0,
             skipping: false,
             ranges: Ranges::default(),
+            prune_at: FIRST_PRUNE_AT,
             too_large: false,
         }
     }
@@ -376,6 +404,25 @@ impl Follower {
             names,
             truncated: false,
         })
+    }
+
+    /// Drops the ranges outside the process's mappings now. The lines read
+    /// so far were written before this moment, so a range they describe
+    /// that is not mapped now is code that is gone. Nothing is dropped when
+    /// the mappings cannot be read (the process exited, or a map followed
+    /// by path alone).
+    fn prune(&mut self) {
+        let maps = if self.pid > 0 {
+            otel_thread_ctx_reader::maps::read(self.pid).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        if !maps.is_empty() {
+            let mut mapped: Vec<(u64, u64)> = maps.iter().map(|m| (m.start, m.end)).collect();
+            mapped.sort_unstable();
+            self.ranges.retain_mapped(&mapped);
+        }
+        self.prune_at = (2 * self.ranges.by_start.len()).max(FIRST_PRUNE_AT);
     }
 
     /// The map at its path now, opened again when it is another file than
@@ -451,6 +498,9 @@ impl Follower {
                 entry.start.saturating_add(entry.size),
                 entry.name,
             );
+            if self.ranges.by_start.len() > self.prune_at {
+                self.prune();
+            }
             if self.ranges.too_large() {
                 self.ranges = Ranges::default();
                 self.too_large = true;
@@ -766,6 +816,59 @@ garbage line
     fn a_process_on_this_root_is_named_from_tmp() {
         let me = std::process::id() as i32;
         assert_eq!(path(me), PathBuf::from(format!("/tmp/perf-{me}.map")));
+    }
+
+    #[test]
+    fn ranges_outside_the_mappings_are_dropped() {
+        let mut ranges = Ranges::default();
+        ranges.insert(0x1000, 0x1100, "JS:~a /a.js:1:1");
+        ranges.insert(0x2000, 0x2100, "JS:~b /b.js:1:1");
+        ranges.insert(0x2f00, 0x3100, "JS:~c /c.js:1:1");
+        ranges.insert(0x5000, 0x5100, "JS:~d /d.js:1:1");
+        ranges.insert(0x9000, 0x9100, "JS:~e /e.js:1:1");
+        // Mapped: 0x0800-0x1080 (a's first half), 0x3000-0x4000 (c's end),
+        // 0x8000-0xa000 (all of e); b and d are gone.
+        ranges.retain_mapped(&[(0x800, 0x1080), (0x3000, 0x4000), (0x8000, 0xa000)]);
+        let left: Vec<u64> = ranges.by_start.keys().copied().collect();
+        assert_eq!(left, [0x1000, 0x2f00, 0x9000]);
+        assert_eq!(ranges.name_at(0x2f10).map(|n| &**n), Some("JS:c /c.js:1:1"));
+        assert_eq!(ranges.names.len(), 3);
+        ranges.retain_mapped(&[]);
+        assert!(ranges.by_start.is_empty());
+    }
+
+    #[test]
+    fn a_process_whose_code_comes_and_goes_is_followed_within_bounds() {
+        // Code ranges at ever new addresses, as isolates of workers that
+        // come and go write them; only this process's own mappings are
+        // live. Far more ranges than are kept, yet the map is followed.
+        let map = Scratch::new("churn");
+        let me = std::process::id() as i32;
+        let live = otel_thread_ctx_reader::maps::read(me).unwrap();
+        let text_start = live.iter().find(|m| m.perms.contains('x')).unwrap().start;
+        let mut f = Follower::at(map.0.clone());
+        f.pid = me;
+        let mut text = String::new();
+        let dead = MAX_FOLLOWED_RANGES as u64 + 1000;
+        for i in 0..dead {
+            // Below every mapping of a process: never mapped.
+            text.push_str(&format!(
+                "{:x} 10 JS:~gone{} /w.js:1:1\n",
+                0x1_0000 + i * 16,
+                i % 100
+            ));
+        }
+        text.push_str(&format!("{text_start:x} 10 JS:~alive /a.js:1:1\n"));
+        map.append(text.as_bytes());
+        let r = f.resolve(&[text_start + 4, 0x1_0004]).unwrap().names;
+        assert!(!f.reads_whole_map());
+        assert_eq!(r[&(text_start + 4)], "JS:alive /a.js:1:1");
+        assert!(!r.contains_key(&0x1_0004));
+        assert!(
+            f.ranges.by_start.len() <= FIRST_PRUNE_AT + 1,
+            "{}",
+            f.ranges.by_start.len()
+        );
     }
 
     #[test]
