@@ -88,7 +88,9 @@ impl Profiled {
             s.user_stack = choose(&unwound, &s.user_stack);
             if let Ok(js) = &mut self.js_frames {
                 let frame_pointers = chosen_frame_pointers(&unwound, &s.user_stack);
-                for named in js.name(&copy, &s.user_stack, &frame_pointers) {
+                let names = js.name(&copy, &s.user_stack, &frame_pointers);
+                s.frame_names = names.by_frame;
+                for named in names.by_address {
                     self.collector.user_named(named);
                 }
             }

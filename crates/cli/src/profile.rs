@@ -391,10 +391,12 @@ fn sample(
     }
     match &v8_naming {
         Ok((binary, counts)) => {
-            if names.v8_named > 0 {
+            if names.v8_named > 0 || counts.interpreted > 0 {
                 notes.push(format!(
-                    "JavaScript frames named from V8's heap (layout from the metadata of {binary}): {} of {} JIT addresses",
-                    names.v8_named, names.anonymous_frames
+                    "JavaScript frames named from V8's heap (layout from the metadata of {binary}): {} of {} JIT addresses, and {}",
+                    names.v8_named,
+                    names.anonymous_frames,
+                    count(counts.interpreted, "interpreted frame", "interpreted frames")
                 ));
             }
             if let Some(reason) = &counts.first_failure {

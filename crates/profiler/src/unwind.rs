@@ -384,7 +384,9 @@ impl Stacks {
             s.user_stack = choose(&unwound, &s.user_stack);
             if let Ok(js) = &mut self.js_frames {
                 let fps = chosen_frame_pointers(&unwound, &s.user_stack);
-                named = js.name(&copy, &s.user_stack, &fps);
+                let names = js.name(&copy, &s.user_stack, &fps);
+                s.frame_names = names.by_frame;
+                named = names.by_address;
             }
         }
         let weight = match s.kind {

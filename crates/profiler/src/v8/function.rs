@@ -92,6 +92,13 @@ impl Resolver {
         self.scripts.clear();
     }
 
+    /// Whether the tagged word `word` points to an object of type `t`.
+    pub fn is_of_type(&mut self, memory: &dyn Memory, word: u64, t: u16) -> bool {
+        Heap::new(memory, &self.meta, &mut self.map_types)
+            .typed("object", word, (t, t))
+            .is_ok()
+    }
+
     pub fn metadata(&self) -> &Metadata {
         &self.meta
     }
@@ -438,6 +445,7 @@ pub(crate) mod fake {
     pub const SCOPE_INFO_TYPE: u16 = 280;
     pub const SCRIPT_TYPE: u16 = 167;
     pub const FIXED_ARRAY_TYPE: u16 = 205;
+    pub const BYTECODE_ARRAY_TYPE: u16 = 186;
     pub const ODDBALL_TYPE: u16 = 131;
     pub const SEQ_ONE_BYTE_TYPE: u16 = 8;
     pub const SEQ_TWO_BYTE_TYPE: u16 = 0;
@@ -467,6 +475,7 @@ pub(crate) mod fake {
             script_source: 8,
             script_line_ends: 56,
             fixed_array_type: FIXED_ARRAY_TYPE,
+            bytecode_array_type: Some(BYTECODE_ARRAY_TYPE),
             fixed_array_length: 8,
             fixed_array_data: 16,
             string_tags: StringTags {

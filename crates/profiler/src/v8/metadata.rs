@@ -230,6 +230,10 @@ pub struct Metadata {
     pub script_line_ends: u64,
 
     pub fixed_array_type: u16,
+    /// The type of the bytecode an interpreted frame runs, which tells
+    /// such a frame from others; without it, interpreted frames are not
+    /// named.
+    pub bytecode_array_type: Option<u16>,
     pub fixed_array_length: u64,
     pub fixed_array_data: u64,
 
@@ -337,6 +341,7 @@ impl Metadata {
             script_source: s.require_field("Script", "source")?,
             script_line_ends: s.require_field("Script", "line_ends")?,
             fixed_array_type: s.instance_type("FixedArray")?,
+            bytecode_array_type: s.instance_type("BytecodeArray").ok(),
             fixed_array_length: s.require_field("FixedArrayBase", "length")?,
             fixed_array_data: s.require_field("FixedArray", "data")?,
             string_tags,
@@ -411,6 +416,12 @@ pub(crate) mod tests {
             assert_eq!((m.fp_context, m.fp_function), (-8, -16), "Node.js {major}");
             assert_eq!(m.heap_object_map, 0, "Node.js {major}");
             assert_eq!(m.string_fields.length, 12, "Node.js {major}");
+            assert!(m.bytecode_array_type.is_some(), "Node.js {major}");
+            assert_eq!(
+                (m.fp_bytecode_array, m.fp_bytecode_offset),
+                (Some(-32), Some(-40)),
+                "Node.js {major}"
+            );
             assert!(
                 m.js_function_types.0 <= m.js_function_types.1,
                 "Node.js {major}"

@@ -14,7 +14,11 @@ pub mod function;
 pub mod heap;
 pub mod metadata;
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use otel_thread_ctx_abi::node_schema::smi_value;
 
 use crate::kernel::StackCopy;
 use crate::symbolize::Frame;
@@ -27,6 +31,9 @@ pub use metadata::{Metadata, MetadataError};
 
 /// How often the maps may be re-read for an address no mapping covers.
 const REFRESH_EVERY: Duration = Duration::from_millis(200);
+
+/// Most functions whose frame is kept; emptied past it.
+const MAX_CACHED_FRAMES: usize = 1 << 16;
 
 /// The module of frames named here, as of those the perf map names.
 pub const JIT_MODULE: &str = "[jit]";
@@ -83,6 +90,8 @@ pub struct NamedFrame {
 pub struct Counts {
     /// JIT frames named from V8.
     pub named: u64,
+    /// Interpreted frames named from V8.
+    pub interpreted: u64,
     /// JIT frames V8 could not name (left to the perf map), and the first
     /// reason seen.
     pub unnamed: u64,
@@ -98,6 +107,8 @@ pub struct JsFrames {
     maps: Vec<Mapping>,
     refreshed: Instant,
     counts: Counts,
+    /// Each function's frame, shared by the samples it names.
+    frames: HashMap<usize, (Arc<JsFunction>, Arc<Frame>)>,
 }
 
 impl JsFrames {
@@ -133,6 +144,7 @@ impl JsFrames {
             maps,
             refreshed: Instant::now(),
             counts: Counts::default(),
+            frames: HashMap::new(),
         }
     }
 
@@ -145,29 +157,44 @@ impl JsFrames {
     /// long run where objects move and die.
     pub fn forget(&mut self) {
         self.resolver.forget();
+        self.frames.clear();
     }
 
     pub fn counts(&self) -> &Counts {
         &self.counts
     }
 
-    /// Whether `addr` is in anonymous executable memory (V8's code space),
-    /// re-reading the maps (at most every [`REFRESH_EVERY`]) for an
-    /// address none covers.
-    fn in_jit_code(&mut self, addr: u64) -> bool {
+    /// Where `addr` is: V8's code space (anonymous executable memory), the
+    /// binary whose metadata is used (its embedded builtins, the
+    /// interpreter among them), or elsewhere. The maps are re-read (at
+    /// most every [`REFRESH_EVERY`]) for an address none covers.
+    fn place(&mut self, addr: u64) -> Place {
+        let binary = self.binary.as_str();
         let find = |maps: &[Mapping]| {
             maps.iter()
                 .find(|m| m.start <= addr && addr < m.end)
                 .map(|m| {
                     let special = m.path.starts_with('[') && !m.path.starts_with("[anon");
-                    !m.is_file_backed() && !special && m.perms.contains('x')
+                    if !m.perms.contains('x') {
+                        Place::Elsewhere
+                    } else if m.is_file_backed() {
+                        if m.name() == binary {
+                            Place::Binary
+                        } else {
+                            Place::Elsewhere
+                        }
+                    } else if special {
+                        Place::Elsewhere
+                    } else {
+                        Place::Jit
+                    }
                 })
         };
-        if let Some(jit) = find(&self.maps) {
-            return jit;
+        if let Some(place) = find(&self.maps) {
+            return place;
         }
         if self.refreshed.elapsed() < REFRESH_EVERY {
-            return false;
+            return Place::Elsewhere;
         }
         self.refreshed = Instant::now();
         if let Ok(m) = maps::read(self.pid) {
@@ -175,53 +202,73 @@ impl JsFrames {
                 self.maps = m;
             }
         }
-        find(&self.maps).unwrap_or(false)
+        find(&self.maps).unwrap_or(Place::Elsewhere)
     }
 
-    /// Names the JIT frames of one stack: `frames` leaf first (as the
-    /// sample keeps them), `frame_pointers` the frame pointer each frame
-    /// had where the unwinder knew it, and `copy` the stack bytes the
-    /// frame slots are read from.
+    /// Names the JavaScript frames of one stack: `frames` leaf first (as
+    /// the sample keeps them), `frame_pointers` the frame pointer each
+    /// frame had where the unwinder knew it, and `copy` the stack bytes
+    /// the frame slots are read from.
     pub fn name(
         &mut self,
         copy: &StackCopy,
         frames: &[u64],
         frame_pointers: &[Option<u64>],
-    ) -> Vec<NamedFrame> {
-        let mut named = Vec::new();
+    ) -> JsNames {
+        let mut named = JsNames::default();
         for (i, (&addr, &fp)) in frames.iter().zip(frame_pointers).enumerate() {
             let Some(fp) = fp else { continue };
             let address = crate::model::lookup_address(i, addr);
-            if !self.in_jit_code(address) {
-                continue;
-            }
-            match self.function_at(copy, fp) {
-                Ok(function) => {
-                    self.counts.named += 1;
-                    named.push(NamedFrame {
-                        address,
-                        frame: Frame {
-                            name: function.frame_name(),
-                            module: JIT_MODULE.into(),
-                        },
-                        settled: i > 0,
-                    });
+            match self.place(address) {
+                Place::Jit => match self.function_at(copy, fp) {
+                    Ok(function) => {
+                        self.counts.named += 1;
+                        named.by_address.push(NamedFrame {
+                            address,
+                            frame: self.frame_of(&function).as_ref().clone(),
+                            settled: i > 0,
+                        });
+                    }
+                    Err(reason) => {
+                        self.counts.unnamed += 1;
+                        self.counts.first_failure.get_or_insert(reason);
+                    }
+                },
+                // Most frames in the binary are native code: only those
+                // that pass every check of an interpreted frame are named,
+                // and the others are not failures.
+                Place::Binary => {
+                    if let Some(function) = self.interpreted_function_at(copy, fp) {
+                        self.counts.interpreted += 1;
+                        named.by_frame.push((i, self.frame_of(&function)));
+                    }
                 }
-                Err(reason) => {
-                    self.counts.unnamed += 1;
-                    self.counts.first_failure.get_or_insert(reason);
-                }
+                Place::Elsewhere => {}
             }
         }
         named
     }
 
+    /// The frame that names `function`, built once per function.
+    fn frame_of(&mut self, function: &Arc<JsFunction>) -> Arc<Frame> {
+        // Keyed by the function's allocation, which the entry keeps alive.
+        let key = Arc::as_ptr(function) as usize;
+        if let Some((_, frame)) = self.frames.get(&key) {
+            return frame.clone();
+        }
+        let frame = Arc::new(Frame {
+            name: function.frame_name(),
+            module: JIT_MODULE.into(),
+        });
+        if self.frames.len() >= MAX_CACHED_FRAMES {
+            self.frames.clear();
+        }
+        self.frames.insert(key, (function.clone(), frame.clone()));
+        frame
+    }
+
     /// The function of the JavaScript frame whose frame pointer is `fp`.
-    fn function_at(
-        &mut self,
-        copy: &StackCopy,
-        fp: u64,
-    ) -> Result<std::sync::Arc<JsFunction>, String> {
+    fn function_at(&mut self, copy: &StackCopy, fp: u64) -> Result<Arc<JsFunction>, String> {
         let meta = self.resolver.metadata();
         let context = stack_word(copy, fp, meta.fp_context)
             .ok_or("the frame's slots are outside the stack copy")?;
@@ -236,6 +283,42 @@ impl JsFrames {
             .function(self.memory.as_ref(), function)
             .map_err(|e| e.to_string())
     }
+
+    /// The function of the frame whose frame pointer is `fp`, when it is
+    /// an interpreted JavaScript frame: a context, a Smi bytecode offset
+    /// and a BytecodeArray in their slots.
+    fn interpreted_function_at(&mut self, copy: &StackCopy, fp: u64) -> Option<Arc<JsFunction>> {
+        let meta = self.resolver.metadata();
+        let bytecode_type = meta.bytecode_array_type?;
+        let offset = stack_word(copy, fp, meta.fp_bytecode_offset?)?;
+        let bytecode = stack_word(copy, fp, meta.fp_bytecode_array?)?;
+        smi_value(offset).filter(|&o| o >= 0)?;
+        if !self
+            .resolver
+            .is_of_type(self.memory.as_ref(), bytecode, bytecode_type)
+        {
+            return None;
+        }
+        self.function_at(copy, fp).ok()
+    }
+}
+
+/// Where a frame's address is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    Jit,
+    Binary,
+    Elsewhere,
+}
+
+/// The names one stack's JavaScript frames got.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JsNames {
+    /// JIT frames: their addresses, named for the run.
+    pub by_address: Vec<NamedFrame>,
+    /// Interpreted frames, named in this sample only (their address is the
+    /// interpreter's): index in the stack, and the name.
+    pub by_frame: Vec<(usize, Arc<Frame>)>,
 }
 
 /// The word at `fp + offset` in the stack copy.
@@ -306,8 +389,9 @@ mod tests {
         let frames = [0x1010, 0x1021, 0x5010, 0x1031];
         let fps = [Some(sp + 0x100), Some(sp + 0x200), Some(sp + 0x100), None];
         let named = js.name(&copy, &frames, &fps);
+        assert!(named.by_frame.is_empty());
         assert_eq!(
-            named,
+            named.by_address,
             [NamedFrame {
                 address: 0x1010,
                 frame: Frame {
@@ -326,7 +410,7 @@ mod tests {
             .is_some_and(|r| r.contains("marker")));
         // Frame slots past the copy name nothing.
         let far = [Some(sp + 0x1000)];
-        assert!(js.name(&copy, &[0x1010], &far).is_empty());
+        assert_eq!(js.name(&copy, &[0x1010], &far), JsNames::default());
     }
 
     #[test]
@@ -350,5 +434,52 @@ mod tests {
             );
             assert_eq!(meta.fp_function, -16, "Node.js {major}");
         }
+    }
+
+    #[test]
+    fn interpreted_frames_in_the_binary_are_named_in_their_sample_only() {
+        let mut h = FakeHeap::new();
+        let name = h.one_byte("slow");
+        let undefined = h.undefined;
+        let (function, _) = h.function(name, undefined);
+        let context = h.object(fake::FIXED_ARRAY_TYPE, 2);
+        let bytecode = h.object(fake::BYTECODE_ARRAY_TYPE, 4);
+        let not_bytecode = h.object(fake::FIXED_ARRAY_TYPE, 4);
+        let sp = 0x7ff0_0000;
+        let mut copy = copy_with_frames(
+            sp,
+            &[
+                (sp + 0x100, context, function),
+                (sp + 0x200, context, function),
+            ],
+        );
+        let mut put = |fp: u64, offset: i64, word: u64| {
+            let at = (fp.checked_add_signed(offset).unwrap() - sp) as usize;
+            copy.stack[at..at + 8].copy_from_slice(&word.to_ne_bytes());
+        };
+        // An interpreted frame; then one whose bytecode slot holds
+        // something else (native code that happens to keep such words).
+        put(sp + 0x100, -32, bytecode);
+        put(sp + 0x100, -40, fake::smi(54));
+        put(sp + 0x200, -32, not_bytecode);
+        put(sp + 0x200, -40, fake::smi(54));
+        let maps = vec![mapping(0x5000, 0x6000, 7, "/opt/node/bin/node")];
+        let mut js = JsFrames::with_memory(
+            std::process::id() as i32,
+            "/opt/node/bin/node".into(),
+            fake::metadata(true),
+            Box::new(h),
+            maps,
+        );
+        let named = js.name(
+            &copy,
+            &[0x5010, 0x5020],
+            &[Some(sp + 0x100), Some(sp + 0x200)],
+        );
+        assert!(named.by_address.is_empty());
+        assert_eq!(named.by_frame.len(), 1);
+        assert_eq!(named.by_frame[0].0, 0);
+        assert_eq!(named.by_frame[0].1.name, "JS:slow");
+        assert_eq!((js.counts().interpreted, js.counts().unnamed), (1, 0));
     }
 }
