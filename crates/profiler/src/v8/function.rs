@@ -25,7 +25,13 @@ const POSITION_SLOTS: u64 = 8;
 
 /// Longest script source whose line ends are computed here (in UTF-16
 /// code units) when V8 has not computed them itself.
-pub const MAX_SOURCE_UNITS: u64 = 32 << 20;
+pub const MAX_SOURCE_UNITS: u64 = 16 << 20;
+
+/// Most lines a script's line ends are kept for (V8's own table or the
+/// source's), and most kept for all scripts together: a target's memory
+/// decides what is read, so what is kept is bounded.
+pub const MAX_LINES: u64 = 1 << 20;
+const MAX_CACHED_LINES: usize = 4 << 20;
 
 /// Most functions and scripts remembered; each cache is emptied past it.
 const MAX_CACHED_FUNCTIONS: usize = 1 << 16;
@@ -293,7 +299,12 @@ fn read_script(
     let url = heap.string(name, MAX_NAME_UNITS).unwrap_or_default();
     let line_ends = read_line_ends(heap, script).ok().map(Arc::from);
     let read = Arc::new(Script { url, line_ends });
-    if scripts.len() >= MAX_CACHED_SCRIPTS {
+    let cached_lines: usize = scripts
+        .values()
+        .filter_map(|s| s.line_ends.as_ref().map(|e| e.len()))
+        .sum();
+    let lines = read.line_ends.as_ref().map_or(0, |e| e.len());
+    if scripts.len() >= MAX_CACHED_SCRIPTS || cached_lines + lines > MAX_CACHED_LINES {
         scripts.clear();
     }
     scripts.insert(tagged, read.clone());
@@ -310,7 +321,7 @@ fn read_line_ends(heap: &mut Heap<'_>, script: Object) -> Result<Vec<u32>, HeapE
             let n = heap.smi_field("line ends", array, meta.fixed_array_length)?;
             let n = u64::try_from(n)
                 .ok()
-                .filter(|&n| n <= MAX_SOURCE_UNITS)
+                .filter(|&n| n <= MAX_LINES)
                 .ok_or_else(|| HeapError::Invalid {
                     what: "line ends",
                     detail: format!("{n} entries"),
@@ -349,6 +360,12 @@ fn read_line_ends(heap: &mut Heap<'_>, script: Object) -> Result<Vec<u32>, HeapE
     }
     let mut ends = LineEnds::default();
     heap.visit(source, 0, len, 0, &mut |chunk| ends.feed(chunk))?;
+    if ends.ends.len() as u64 > MAX_LINES {
+        return Err(HeapError::Invalid {
+            what: "source",
+            detail: format!("more than {MAX_LINES} lines"),
+        });
+    }
     Ok(ends.ends)
 }
 
@@ -363,6 +380,9 @@ struct LineEnds {
 
 impl LineEnds {
     fn feed(&mut self, units: &[u16]) {
+        if self.ends.len() as u64 > MAX_LINES {
+            return;
+        }
         for &u in units {
             if self.pending_cr {
                 self.pending_cr = false;
@@ -787,6 +807,32 @@ mod heap_tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_line_table_past_the_bound_leaves_the_function_named_without_a_line() {
+        let mut h = FakeHeap::new();
+        let source = h.one_byte("function f() {}\n");
+        let script = h.script("/a.js", source, Some(&[15]));
+        let table = h.object(FIXED_ARRAY_TYPE, 2);
+        h.set(table, 8, smi(MAX_LINES as i64 + 1));
+        h.set(script, 56, table);
+        let name = h.one_byte("f");
+        let undefined = h.undefined;
+        let scope = h.scope_info(&[
+            smi(0),
+            smi(0),
+            smi(0),
+            smi(10),
+            smi(15),
+            smi(0),
+            name,
+            smi(2),
+            undefined,
+        ]);
+        let (f, _) = h.function(scope, script);
+        let named = Resolver::new(metadata(true)).function(&h, f).unwrap();
+        assert_eq!(named.frame_name(), "JS:f /a.js");
     }
 
     #[test]
