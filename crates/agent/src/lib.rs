@@ -288,7 +288,9 @@ fn sample(
                         found.notes.join("; ")
                     ));
                     seen_processes += 1;
-                    profiled.insert(found.pid, profiled::Profiled::new(&found));
+                    let p = profiled::Profiled::new(&found);
+                    log(&format!("pid {}: {}", found.pid, p.js_naming()));
+                    profiled.insert(found.pid, p);
                 }
                 processes::Change::Updated(plan) => {
                     if let Err(e) = loaded.add_target(&plan) {

@@ -12,7 +12,8 @@ use crate::processes::Found;
 use otel_thread_ctx_profiler::kernel::{ItemRead, Sample};
 use otel_thread_ctx_profiler::plan::current_process_context;
 use otel_thread_ctx_profiler::symbolize::Collector;
-use otel_thread_ctx_profiler::unwind::{choose, StackUnwinder};
+use otel_thread_ctx_profiler::unwind::{choose, chosen_frame_pointers, StackUnwinder};
+use otel_thread_ctx_profiler::v8::JsFrames;
 use otel_thread_ctx_profiler::{model, perf_map, threadpool};
 use otel_thread_ctx_reader::maps::{self, Mapping};
 use otel_thread_ctx_reader::tasks;
@@ -24,6 +25,8 @@ pub struct Profiled {
     maps: Vec<Mapping>,
     /// Kept across exports: it caches every module's unwind tables.
     unwinder: StackUnwinder,
+    /// Names JIT frames from V8's heap as samples arrive, or why it cannot.
+    js_frames: Result<JsFrames, String>,
     collector: Collector,
     /// Its perf map as read so far, shared with the building thread, which
     /// names each interval with it.
@@ -63,6 +66,7 @@ impl Profiled {
             command: found.command.clone(),
             maps: found.maps.clone(),
             unwinder: StackUnwinder::new(found.pid, found.maps.clone()),
+            js_frames: JsFrames::new(found.pid, found.maps.clone()),
             collector: Collector::new(found.pid, found.maps.clone()),
             perf_map: Arc::new(Mutex::new(perf_map::Follower::new(found.pid))),
             samples: Vec::new(),
@@ -82,6 +86,14 @@ impl Profiled {
         if let Some(copy) = s.user_stack_copy.take() {
             let unwound = self.unwinder.unwind(&copy);
             s.user_stack = choose(&unwound, &s.user_stack);
+            if let Ok(js) = &mut self.js_frames {
+                let frame_pointers = chosen_frame_pointers(&unwound, &s.user_stack);
+                let names = js.name(&copy, &s.user_stack, &frame_pointers);
+                s.frame_names = names.by_frame;
+                for named in names.by_address {
+                    self.collector.user_named(named);
+                }
+            }
         }
         for (i, &a) in s.user_stack.iter().enumerate() {
             self.collector.user(model::lookup_address(i, a));
@@ -90,6 +102,19 @@ impl Profiled {
             self.collector.kernel(a);
         }
         self.samples.push(s);
+    }
+
+    /// How this process's JavaScript frames are named, for the log.
+    pub fn js_naming(&self) -> String {
+        match &self.js_frames {
+            Ok(js) => format!(
+                "JavaScript frames named from V8's heap (layout from the metadata of {}), else from its perf map",
+                js.binary()
+            ),
+            Err(reason) => format!(
+                "V8's heap names no frames ({reason}): JavaScript frames named from the perf map only"
+            ),
+        }
     }
 
     /// Takes the span of a pool item that samples of it could not read.
@@ -124,6 +149,11 @@ impl Profiled {
                     self.maps = m;
                 }
             }
+        }
+        if let Ok(js) = &mut self.js_frames {
+            // Objects move and die over a long run: what was read of them
+            // is read again each interval.
+            js.forget();
         }
         let collector = std::mem::replace(
             &mut self.collector,

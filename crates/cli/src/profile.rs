@@ -303,7 +303,9 @@ fn sample(
     let mut target_exited = false;
     let mut context = plan::process_context(&target.maps, &target.memory);
     let mut take = |mut s: kernel::Sample, collector: &mut symbolize::Collector| {
-        stacks.take(&mut s);
+        for named in stacks.take(&mut s) {
+            collector.user_named(named);
+        }
         for (i, &a) in s.user_stack.iter().enumerate() {
             collector.user(model::lookup_address(i, a));
         }
@@ -358,6 +360,10 @@ fn sample(
     }
     let (resource, key_map) = context;
     let (on_cpu_stacks, off_cpu_stacks) = stacks.wholeness();
+    let v8_naming = stacks
+        .js_frames()
+        .map(|js| (js.binary().to_string(), js.counts().clone()))
+        .map_err(str::to_string);
     let names = collector.finish();
     let unread = samples.iter().filter(|s| s.pool_unread).count();
     let filled = threadpool::fill_from_same_item(&mut samples, &item_reads);
@@ -383,12 +389,42 @@ fn sample(
             ));
         }
     }
+    match &v8_naming {
+        Ok((binary, counts)) => {
+            if names.v8_named > 0 || counts.interpreted > 0 {
+                notes.push(format!(
+                    "JavaScript frames named from V8's heap (layout from the metadata of {binary}): {} of {} JIT addresses, and {}",
+                    names.v8_named,
+                    names.anonymous_frames,
+                    count(counts.interpreted, "interpreted frame", "interpreted frames")
+                ));
+            }
+            if let Some(reason) = &counts.first_failure {
+                notes.push(format!(
+                    "V8's heap did not name {} (first: {reason}): the perf map names those",
+                    count(counts.unnamed, "JIT frame", "JIT frames")
+                ));
+            }
+        }
+        Err(reason) if names.anonymous_frames > 0 => notes.push(format!(
+            "V8's heap names no frames ({reason}): JIT frames are named from the perf map only"
+        )),
+        Err(_) => {}
+    }
+    let left_to_perf_map = names.anonymous_frames - names.v8_named;
     match &names.perf_map {
-        Some(path) => notes.push(format!("JavaScript frames named from {path}")),
+        Some(path) if names.v8_named == 0 => {
+            notes.push(format!("JavaScript frames named from {path}"))
+        }
+        Some(path) => notes.push(format!(
+            "JavaScript frames named from {path}: {} of {} JIT addresses",
+            names.perf_map_named, names.anonymous_frames
+        )),
+        None if left_to_perf_map == 0 => {}
         None if names.anonymous_frames > 0 => notes.push(format!(
             "no perf map at {}: {} JIT addresses stay unnamed (start node with --perf-basic-prof to name JavaScript frames)",
             perf_map::path(pid).display(),
-            names.anonymous_frames
+            left_to_perf_map
         )),
         None => {}
     }

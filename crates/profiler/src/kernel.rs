@@ -5,6 +5,9 @@
 //! loads and attaches it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::symbolize::Frame;
 
 use otel_thread_ctx_abi::node_schema::{V8Layout, MAX_MODULES};
 
@@ -155,6 +158,11 @@ pub struct Sample {
     pub kernel_stack: Vec<u64>,
     /// The registers and stack bytes to unwind from, when the copy arrived.
     pub user_stack_copy: Option<StackCopy>,
+    /// Frames of `user_stack` named as the sample arrived, by what ran in
+    /// that very frame rather than by their address (an interpreted
+    /// JavaScript function, whose address is V8's interpreter, shared by
+    /// all of them): index in `user_stack`, and the name.
+    pub frame_names: Vec<(usize, Arc<Frame>)>,
 }
 
 /// A thread's user registers and a copy of its stack from the stack
@@ -348,6 +356,7 @@ pub fn decode(b: &[u8]) -> Option<Sample> {
             u32_at(b, layout::KERNEL_STACK_BYTES) as i32,
         ),
         user_stack_copy: None,
+        frame_names: Vec::new(),
     })
 }
 

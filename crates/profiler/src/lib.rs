@@ -7,7 +7,8 @@
 //! [`otel_thread_ctx_reader`] resolved it for the process ([`plan`]);
 //! [`loader`] loads and attaches it, [`kernel`] decodes what it sends,
 //! [`unwind`] completes user stacks where frame pointers end, [`symbolize`]
-//! names the frames (with [`perf_map`] for JIT code), [`threadpool`]
+//! names the frames (JIT code from V8's heap with [`v8`], else from
+//! [`perf_map`]), [`threadpool`]
 //! attributes libuv pool work to the span that queued it, and [`model`]
 //! builds the profile the output formats write.
 
@@ -21,5 +22,6 @@ pub mod symbolize;
 pub mod system;
 pub mod threadpool;
 pub mod unwind;
+pub mod v8;
 
 pub use error::{check, SamplerError};

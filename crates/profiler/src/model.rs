@@ -237,7 +237,8 @@ pub fn kernel_frames(s: &Sample, names: &Names) -> Vec<Frame> {
 
 /// The user frames of sample `s`, leaf first.
 pub fn user_frames(s: &Sample, names: &Names) -> Vec<Frame> {
-    s.user_stack
+    let mut frames: Vec<Frame> = s
+        .user_stack
         .iter()
         .enumerate()
         .map(|(i, &a)| {
@@ -248,7 +249,14 @@ pub fn user_frames(s: &Sample, names: &Names) -> Vec<Frame> {
                 .cloned()
                 .unwrap_or_else(|| unknown_frame(a))
         })
-        .collect()
+        .collect();
+    // What ran in a frame names it before its address does.
+    for (i, name) in &s.frame_names {
+        if let Some(frame) = frames.get_mut(*i) {
+            *frame = Frame::clone(name);
+        }
+    }
+    frames
 }
 
 #[derive(PartialEq, Eq, Hash)]
@@ -380,6 +388,7 @@ pub mod fixtures {
                 vec![0xffff_ffff_8100_0000]
             },
             user_stack_copy: None,
+            frame_names: Vec::new(),
         }
     }
 

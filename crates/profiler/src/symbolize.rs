@@ -3,7 +3,8 @@
 //! User addresses are tied to a mapping as they arrive, while the process is
 //! alive (a process that exits mid-profile takes its maps with it), and named
 //! at the end: file-backed ones from the file's ELF symbols (blazesym),
-//! anonymous ones (JIT code) from V8's perf map, kernel ones from kallsyms.
+//! anonymous ones (JIT code) from V8's heap as the samples arrive
+//! ([`crate::v8`]) or else from V8's perf map, kernel ones from kallsyms.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -14,13 +15,15 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use blazesym::MaybeDefault;
 
 use crate::perf_map;
+use crate::v8::NamedFrame;
 use otel_thread_ctx_reader::maps::{self, Mapping};
 
 /// A stack frame's name and the module it is in.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Frame {
     pub name: String,
-    /// The file, `[kernel]`, `[jit]` (perf map code) or `[anon]`.
+    /// The file, `[kernel]`, `[jit]` (JIT code V8 or its perf map named)
+    /// or `[anon]`.
     pub module: String,
 }
 
@@ -38,6 +41,8 @@ pub struct Collector {
     maps: Vec<Mapping>,
     refreshed: Instant,
     user: HashMap<u64, Place>,
+    /// JIT addresses V8 named, and whether from a settled frame.
+    named_by_v8: HashMap<u64, (Frame, bool)>,
     kernel: HashSet<u64>,
 }
 
@@ -51,7 +56,26 @@ impl Collector {
             maps,
             refreshed: Instant::now(),
             user: HashMap::new(),
+            named_by_v8: HashMap::new(),
             kernel: HashSet::new(),
+        }
+    }
+
+    /// Names a JIT address from V8's heap: that name wins over the perf
+    /// map's. One address keeps one name; a settled frame's name replaces
+    /// one taken from an innermost frame (whose frame pointer may still
+    /// have been its caller's).
+    pub fn user_named(&mut self, named: NamedFrame) {
+        use std::collections::hash_map::Entry;
+        match self.named_by_v8.entry(named.address) {
+            Entry::Vacant(v) => {
+                v.insert((named.frame, named.settled));
+            }
+            Entry::Occupied(mut o) => {
+                if named.settled && !o.get().1 {
+                    o.insert((named.frame, true));
+                }
+            }
         }
     }
 
@@ -147,6 +171,16 @@ impl Collector {
                 );
             }
         }
+        // What V8 named needs no perf map.
+        let mut named_by_v8 = self.named_by_v8;
+        anonymous.retain(|addr| match named_by_v8.remove(addr) {
+            Some((frame, _)) => {
+                names.user.insert(*addr, frame);
+                names.v8_named += 1;
+                false
+            }
+            None => true,
+        });
         let map_path = perf_map::path(self.pid);
         let resolved = match perf_map {
             Some(follower) => follower.resolve(&anonymous),
@@ -161,10 +195,13 @@ impl Collector {
                 let mut found = found.names;
                 for &addr in &anonymous {
                     let frame = match found.remove(&addr) {
-                        Some(name) => Frame {
-                            name,
-                            module: "[jit]".into(),
-                        },
+                        Some(name) => {
+                            names.perf_map_named += 1;
+                            Frame {
+                                name,
+                                module: "[jit]".into(),
+                            }
+                        }
                         None => Frame {
                             name: format!("[anon] {addr:#x}"),
                             module: "[anon]".into(),
@@ -185,7 +222,7 @@ impl Collector {
                 }
             }
         }
-        names.anonymous_frames = anonymous.len();
+        names.anonymous_frames = anonymous.len() + names.v8_named;
         let kernel: Vec<u64> = self.kernel.into_iter().collect();
         if !kernel.is_empty() {
             let src = Source::Kernel(Kernel {
@@ -241,6 +278,9 @@ pub struct Names {
     pub perf_map: Option<String>,
     /// Distinct addresses in anonymous (JIT) memory.
     pub anonymous_frames: usize,
+    /// Of those, the ones V8's heap named, and the ones the perf map named.
+    pub v8_named: usize,
+    pub perf_map_named: usize,
 }
 
 #[cfg(test)]
@@ -286,5 +326,29 @@ mod tests {
             frame.name.contains("own_executable_symbols_are_found"),
             "{frame:?}"
         );
+    }
+
+    #[test]
+    fn names_from_v8_win_and_settled_frames_win_over_innermost_ones() {
+        let maps = vec![mapping(0x4000, 0x5000, 0, 0, "")];
+        // This process writes no perf map: what V8 did not name is unnamed.
+        let mut c = Collector::new(std::process::id() as i32, maps);
+        let named = |name: &str, settled| NamedFrame {
+            address: 0x4010,
+            frame: Frame {
+                name: name.into(),
+                module: "[jit]".into(),
+            },
+            settled,
+        };
+        c.user(0x4010);
+        c.user(0x4020);
+        c.user_named(named("JS:caller /a.js:1:1", false));
+        c.user_named(named("JS:callee /a.js:5:1", true));
+        c.user_named(named("JS:other /a.js:9:1", false));
+        let names = c.finish();
+        assert_eq!(names.user[&0x4010].name, "JS:callee /a.js:5:1");
+        assert_eq!(names.user[&0x4020].name, "[unnamed JIT code]");
+        assert_eq!((names.v8_named, names.anonymous_frames), (1, 2));
     }
 }

@@ -18,6 +18,7 @@ use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::kernel::{Kind, Sample, StackCopy};
+use crate::v8::{JsFrames, NamedFrame};
 use otel_thread_ctx_reader::elf::MappedFile;
 use otel_thread_ctx_reader::maps::{self, Mapping};
 
@@ -31,6 +32,11 @@ const REFRESH_EVERY: Duration = Duration::from_millis(200);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stack {
     pub frames: Vec<u64>,
+    /// The frame pointer (`rbp`) each frame had, as the unwinder restored
+    /// it: the innermost frame's is the sampled register. Meaningful for
+    /// code that keeps frame pointers (V8's JIT code), where a frame's
+    /// slots sit at fixed offsets from it.
+    pub frame_pointers: Vec<u64>,
     /// The unwinder found the stack's end (the thread's entry: its CFI
     /// marks no return address, or a zero frame pointer ends the chain)
     /// inside a module, rather than running out of stack bytes or rules.
@@ -196,18 +202,27 @@ impl StackUnwinder {
             let word = bytes.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
             Ok(u64::from_ne_bytes(word.try_into().map_err(|_| ())?))
         };
-        let regs = UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp);
-        let mut iter = self
-            .unwinder
-            .iter_frames(copy.ip, regs, &mut self.cache, &mut read_stack);
-        let mut frames = Vec::new();
+        // Frame by frame rather than through framehop's iterator, to keep
+        // the registers each frame had.
+        let mut regs = UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp);
+        let mut frames = vec![copy.ip];
+        let mut frame_pointers = vec![copy.bp];
+        let mut address = FrameAddress::InstructionPointer(copy.ip);
         let mut ended = false;
         while frames.len() < MAX_UNWOUND_FRAMES {
-            match iter.next() {
-                Ok(Some(f)) => frames.push(match f {
-                    FrameAddress::InstructionPointer(a) => a,
-                    FrameAddress::ReturnAddress(a) => a.get(),
-                }),
+            match self
+                .unwinder
+                .unwind_frame(address, &mut regs, &mut self.cache, &mut read_stack)
+            {
+                Ok(Some(return_address)) => {
+                    // A null return address ends nothing: the walk failed.
+                    let Some(next) = FrameAddress::from_return_address(return_address) else {
+                        break;
+                    };
+                    frames.push(return_address);
+                    frame_pointers.push(regs.bp());
+                    address = next;
+                }
                 Ok(None) => {
                     ended = true;
                     break;
@@ -218,6 +233,7 @@ impl StackUnwinder {
         let reached_entry = ended && frames.last().is_some_and(|&a| self.in_file(a));
         Stack {
             frames,
+            frame_pointers,
             reached_entry,
         }
     }
@@ -255,6 +271,21 @@ pub fn choose(unwound: &Stack, frame_pointers: &[u64]) -> Vec<u64> {
         }
         None => u.clone(),
     }
+}
+
+/// The frame pointer of each frame of `chosen` (a stack [`choose`] gave)
+/// as far as it is the unwound stack; `None` from where it is not (frames
+/// only the kernel's frame-pointer walk found).
+pub fn chosen_frame_pointers(unwound: &Stack, chosen: &[u64]) -> Vec<Option<u64>> {
+    let common = chosen
+        .iter()
+        .zip(&unwound.frames)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(unwound.frame_pointers.len());
+    (0..chosen.len())
+        .map(|i| (i < common).then(|| unwound.frame_pointers[i]))
+        .collect()
 }
 
 /// How many samples (or how much time) had a whole user stack, and how
@@ -315,11 +346,13 @@ impl Entries {
 }
 
 /// The user stacks of one run: unwinds each sample's copy as it arrives
-/// (while the process and its maps are there), and keeps what the
-/// truncated shares need.
+/// (while the process and its maps are there), names its JIT frames from
+/// V8 when it can, and keeps what the truncated shares need.
 pub struct Stacks {
     unwinder: StackUnwinder,
     entries: Entries,
+    /// Naming from V8's heap, or why there is none.
+    js_frames: Result<JsFrames, String>,
     /// Per sample: kind, weight (1 on CPU, nanoseconds off CPU), and the
     /// outermost frames of the frame-pointer walk and of the stack kept.
     outermost: Vec<(Kind, u64, Option<u64>, Option<u64>)>,
@@ -328,20 +361,33 @@ pub struct Stacks {
 impl Stacks {
     pub fn new(pid: i32, maps: Vec<Mapping>) -> Stacks {
         Stacks {
-            unwinder: StackUnwinder::new(pid, maps),
+            unwinder: StackUnwinder::new(pid, maps.clone()),
             entries: Entries::default(),
+            js_frames: JsFrames::new(pid, maps),
             outermost: Vec::new(),
         }
     }
 
+    /// Naming from V8's heap, or why there is none.
+    pub fn js_frames(&self) -> Result<&JsFrames, &str> {
+        self.js_frames.as_ref().map_err(String::as_str)
+    }
+
     /// Replaces the sample's user stack by the unwound one where that is
-    /// worth more, and drops the copy.
-    pub fn take(&mut self, s: &mut Sample) {
+    /// worth more, and drops the copy. Returns the JIT frames V8 named.
+    pub fn take(&mut self, s: &mut Sample) -> Vec<NamedFrame> {
         let frame_pointers = s.user_stack.last().copied();
+        let mut named = Vec::new();
         if let Some(copy) = s.user_stack_copy.take() {
             let unwound = self.unwinder.unwind(&copy);
             self.entries.note(&unwound);
             s.user_stack = choose(&unwound, &s.user_stack);
+            if let Ok(js) = &mut self.js_frames {
+                let fps = chosen_frame_pointers(&unwound, &s.user_stack);
+                let names = js.name(&copy, &s.user_stack, &fps);
+                s.frame_names = names.by_frame;
+                named = names.by_address;
+            }
         }
         let weight = match s.kind {
             Kind::OnCpu => 1,
@@ -349,6 +395,7 @@ impl Stacks {
         };
         self.outermost
             .push((s.kind, weight, frame_pointers, s.user_stack.last().copied()));
+        named
     }
 
     /// Truncated shares on CPU (by samples) and off CPU (by time).
@@ -375,6 +422,7 @@ mod tests {
         let unwound = Stack {
             frames: vec![0x10, 0x20, 0x30],
             reached_entry: false,
+            ..Default::default()
         };
         // The frame-pointer walk lost 0x20 (libc without frame pointers)
         // but went on above 0x30.
@@ -387,10 +435,30 @@ mod tests {
         let whole = Stack {
             frames: vec![0x10, 0x20],
             reached_entry: true,
+            ..Default::default()
         };
         assert_eq!(choose(&whole, &[0x10, 0x20, 0x77]), [0x10, 0x20]);
         // No copy: the frame-pointer walk.
         assert_eq!(choose(&Stack::default(), &[0x10, 0x20]), [0x10, 0x20]);
+    }
+
+    #[test]
+    fn frame_pointers_follow_the_chosen_stack() {
+        let unwound = Stack {
+            frames: vec![0x10, 0x20, 0x30],
+            frame_pointers: vec![0x100, 0x200, 0x300],
+            reached_entry: false,
+        };
+        let chosen = choose(&unwound, &[0x10, 0x30, 0x40]);
+        assert_eq!(
+            chosen_frame_pointers(&unwound, &chosen),
+            [Some(0x100), Some(0x200), Some(0x300), None]
+        );
+        // From where the stacks part, no frame pointer is known.
+        assert_eq!(
+            chosen_frame_pointers(&unwound, &[0x10, 0x99, 0x30]),
+            [Some(0x100), None, None]
+        );
     }
 
     #[test]
@@ -449,6 +517,8 @@ mod tests {
         let mut u = StackUnwinder::new(pid, maps::read(pid).unwrap());
         let stack = u.unwind(&copy);
         assert!(stack.reached_entry, "{stack:?}");
+        assert_eq!(stack.frames.len(), stack.frame_pointers.len());
+        assert_eq!(stack.frame_pointers[0], copy.bp);
         let me = unwinds_this_thread_to_its_entry as *const () as usize as u64;
         // The caller of `middle` is this test function: some return address
         // lands shortly after its start.

@@ -1,0 +1,499 @@
+//! V8's postmortem metadata: the `v8dbg_*` symbols every Node.js binary
+//! exports, each a 32-bit integer holding one layout constant (a frame
+//! slot's offset from the frame pointer, a class field's offset, an
+//! instance type, a string tag).
+//!
+//! Class fields are named `v8dbg_class_<Class>__<field>__<type>`, and the
+//! type part changes between V8 versions (`__Object`, `__Tagged_Object_`,
+//! ...): a field is looked up by class and field name, whatever its type,
+//! and a field named twice with different offsets is refused rather than
+//! picked from. Nothing missing is filled in from what a version is
+//! believed to have: a constant the binary does not carry is an error,
+//! and the caller names JavaScript frames some other way.
+
+use std::collections::HashMap;
+
+use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
+
+/// Prefix of every metadata symbol.
+const PREFIX: &str = "v8dbg_";
+
+/// Most context locals a ScopeInfo is read with: past this, its slots are
+/// not read (the function is named by the perf map).
+pub const MAX_CONTEXT_LOCALS: u64 = 1024;
+
+/// The raw `v8dbg_*` constants of one binary, by name without the prefix.
+#[derive(Clone, Debug, Default)]
+pub struct Symbols(HashMap<String, i64>);
+
+/// A constant the binary does not carry, or carries twice.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MetadataError {
+    #[error("the binary has no V8 postmortem metadata (no v8dbg_* symbols)")]
+    NoMetadata,
+    #[error("v8dbg_{0} is missing")]
+    Missing(String),
+    #[error("v8dbg_{0} has two different values")]
+    Ambiguous(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("cannot parse the binary: {0}")]
+    Parse(String),
+}
+
+impl Symbols {
+    /// Reads every `v8dbg_*` data symbol of an ELF file: from `.dynsym`
+    /// (Node.js exports them) and `.symtab` when present. A symbol in a
+    /// section without file bytes (`.bss`) is zero.
+    pub fn from_elf(data: &[u8]) -> Result<Symbols, MetadataError> {
+        let file = object::File::parse(data).map_err(|e| MetadataError::Parse(e.to_string()))?;
+        let mut found = HashMap::new();
+        for symbol in file.dynamic_symbols().chain(file.symbols()) {
+            let Ok(name) = symbol.name() else { continue };
+            let Some(name) = name.strip_prefix(PREFIX) else {
+                continue;
+            };
+            if found.contains_key(name) {
+                continue;
+            }
+            let Some(index) = symbol.section_index() else {
+                continue;
+            };
+            let Ok(section) = file.section_by_index(index) else {
+                continue;
+            };
+            let value = if section.kind() == SectionKind::UninitializedData {
+                0
+            } else {
+                let Ok(bytes) = section.data() else { continue };
+                let Some(at) = symbol.address().checked_sub(section.address()) else {
+                    continue;
+                };
+                let Some(word) = usize::try_from(at)
+                    .ok()
+                    .and_then(|at| bytes.get(at..at.checked_add(4)?))
+                else {
+                    continue;
+                };
+                i64::from(i32::from_le_bytes(word.try_into().expect("four bytes")))
+            };
+            found.insert(name.to_string(), value);
+        }
+        if found.is_empty() {
+            return Err(MetadataError::NoMetadata);
+        }
+        Ok(Symbols(found))
+    }
+
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, i64)>) -> Symbols {
+        Symbols(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn get(&self, name: &str) -> Option<i64> {
+        self.0.get(name).copied()
+    }
+
+    fn require(&self, name: &str) -> Result<i64, MetadataError> {
+        self.get(name)
+            .ok_or_else(|| MetadataError::Missing(name.to_string()))
+    }
+
+    /// The offset of field `field` of class `class`, whatever type name
+    /// the symbol carries.
+    pub fn field(&self, class: &str, field: &str) -> Result<Option<u64>, MetadataError> {
+        let prefix = format!("class_{class}__{field}__");
+        let mut offsets = self
+            .0
+            .iter()
+            .filter(|(name, _)| name.starts_with(&prefix))
+            .map(|(_, &value)| value);
+        let Some(first) = offsets.next() else {
+            return Ok(None);
+        };
+        if offsets.any(|other| other != first) {
+            return Err(MetadataError::Ambiguous(format!("{prefix}*")));
+        }
+        u64::try_from(first)
+            .map(Some)
+            .map_err(|_| MetadataError::Unsupported(format!("{prefix}* is negative")))
+    }
+
+    fn require_field(&self, class: &str, field: &str) -> Result<u64, MetadataError> {
+        self.field(class, field)?
+            .ok_or_else(|| MetadataError::Missing(format!("class_{class}__{field}__*")))
+    }
+
+    /// The first of `fields` of `class` the binary names.
+    fn require_one_of(&self, class: &str, fields: &[&str]) -> Result<u64, MetadataError> {
+        for field in fields {
+            if let Some(offset) = self.field(class, field)? {
+                return Ok(offset);
+            }
+        }
+        Err(MetadataError::Missing(format!(
+            "class_{class}__{{{}}}__*",
+            fields.join(",")
+        )))
+    }
+
+    /// The instance type `v8dbg_type_<class>__<TYPE>`, one value for every
+    /// symbol of that class.
+    fn instance_type(&self, class: &str) -> Result<u16, MetadataError> {
+        let prefix = format!("type_{class}__");
+        let mut values = self
+            .0
+            .iter()
+            .filter(|(name, _)| name.starts_with(&prefix))
+            .map(|(_, &value)| value);
+        let first = values
+            .next()
+            .ok_or_else(|| MetadataError::Missing(format!("{prefix}*")))?;
+        if values.any(|other| other != first) {
+            return Err(MetadataError::Ambiguous(format!("{prefix}*")));
+        }
+        u16::try_from(first)
+            .map_err(|_| MetadataError::Unsupported(format!("{prefix}* is out of range")))
+    }
+}
+
+/// V8's string instance-type bits: a string's type tells how it is stored
+/// (sequential, cons, sliced, thin, external) and its width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StringTags {
+    /// Types below this are strings.
+    pub first_nonstring_type: u16,
+    pub representation_mask: u16,
+    pub encoding_mask: u16,
+    pub seq: u16,
+    pub cons: u16,
+    pub sliced: u16,
+    pub thin: u16,
+    pub external: u16,
+    pub one_byte: u16,
+    pub two_byte: u16,
+}
+
+/// Field offsets of the string classes, from an object's untagged address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StringFields {
+    pub length: u64,
+    pub seq_one_byte_chars: u64,
+    pub seq_two_byte_chars: u64,
+    pub cons_first: u64,
+    pub cons_second: u64,
+    pub sliced_parent: u64,
+    pub sliced_offset: u64,
+    pub thin_actual: u64,
+}
+
+/// The layout constants a reader names JavaScript frames with, taken from
+/// one binary's metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Metadata {
+    /// Slots of a JavaScript frame, from its frame pointer.
+    pub fp_function: i64,
+    pub fp_context: i64,
+    /// Interpreted frames: the bytecode array and the offset in it.
+    pub fp_bytecode_array: Option<i64>,
+    pub fp_bytecode_offset: Option<i64>,
+
+    pub heap_object_map: u64,
+    pub map_instance_type: u64,
+    /// The type of a Map itself (every object's map has this map's map).
+    pub map_type: u16,
+
+    /// Instance types a JSFunction may have: `JS_FUNCTION_TYPE` and, where
+    /// the binary says which, the subclasses (class constructors, ...).
+    pub js_function_types: (u16, u16),
+    pub js_function_shared: u64,
+
+    pub shared_function_info_type: u16,
+    pub sfi_name_or_scope_info: u64,
+    pub sfi_script: u64,
+
+    pub scope_info_type: u16,
+    /// Slot indexes of a ScopeInfo (slot 0 follows the map word).
+    pub scope_info_context_local_count: u64,
+    pub scope_info_first_vars: u64,
+
+    pub script_type: u16,
+    pub script_name: u64,
+    pub script_source: u64,
+    pub script_line_ends: u64,
+
+    pub fixed_array_type: u16,
+    /// The type of the bytecode an interpreted frame runs, which tells
+    /// such a frame from others; without it, interpreted frames are not
+    /// named.
+    pub bytecode_array_type: Option<u16>,
+    pub fixed_array_length: u64,
+    pub fixed_array_data: u64,
+
+    pub string_tags: StringTags,
+    pub string_fields: StringFields,
+}
+
+/// The encodings every constant here is read with: a tagged pointer is
+/// `address | 1`, a Smi is `value << 32`, every slot 8 bytes (x86-64 without
+/// pointer compression, as Node.js is built).
+fn check_encoding(s: &Symbols) -> Result<(), MetadataError> {
+    let expect = [
+        ("HeapObjectTag", 1),
+        ("HeapObjectTagMask", 3),
+        ("SmiTag", 0),
+        ("SmiTagMask", 1),
+        ("SmiShiftSize", 31),
+        ("TaggedSize", 8),
+        ("SystemPointerSize", 8),
+    ];
+    for (name, want) in expect {
+        let have = s.require(name)?;
+        if have != want {
+            return Err(MetadataError::Unsupported(format!(
+                "v8dbg_{name} is {have}, not {want} (pointer compression or another tagging scheme)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn small(name: &str, value: i64) -> Result<u16, MetadataError> {
+    u16::try_from(value)
+        .map_err(|_| MetadataError::Unsupported(format!("v8dbg_{name} = {value} is out of range")))
+}
+
+impl Metadata {
+    pub fn from_symbols(s: &Symbols) -> Result<Metadata, MetadataError> {
+        check_encoding(s)?;
+        let js_function = s.instance_type("JSFunction")?;
+        let js_function_types = match (s.get("FirstJSFunctionType"), s.get("LastJSFunctionType")) {
+            (Some(first), Some(last)) => {
+                let (first, last) = (
+                    small("FirstJSFunctionType", first)?,
+                    small("LastJSFunctionType", last)?,
+                );
+                if !(first..=last).contains(&js_function) {
+                    return Err(MetadataError::Unsupported(format!(
+                        "JS_FUNCTION_TYPE {js_function} is outside {first}..={last}"
+                    )));
+                }
+                (first, last)
+            }
+            // Without the range, only plain functions: class constructors
+            // and the like are left to the perf map.
+            _ => (js_function, js_function),
+        };
+        let tag = |name: &str| -> Result<u16, MetadataError> { small(name, s.require(name)?) };
+        let string_tags = StringTags {
+            first_nonstring_type: tag("FirstNonstringType")?,
+            representation_mask: tag("StringRepresentationMask")?,
+            encoding_mask: tag("StringEncodingMask")?,
+            seq: tag("SeqStringTag")?,
+            cons: tag("ConsStringTag")?,
+            sliced: tag("SlicedStringTag")?,
+            thin: tag("ThinStringTag")?,
+            external: tag("ExternalStringTag")?,
+            one_byte: tag("OneByteStringTag")?,
+            two_byte: tag("TwoByteStringTag")?,
+        };
+        let string_fields = StringFields {
+            length: s.require_field("String", "length")?,
+            seq_one_byte_chars: s.require_field("SeqOneByteString", "chars")?,
+            seq_two_byte_chars: s.require_field("SeqTwoByteString", "chars")?,
+            cons_first: s.require_field("ConsString", "first")?,
+            cons_second: s.require_field("ConsString", "second")?,
+            sliced_parent: s.require_field("SlicedString", "parent")?,
+            sliced_offset: s.require_field("SlicedString", "offset")?,
+            thin_actual: s.require_field("ThinString", "actual")?,
+        };
+        let slot_index = |name: &str| -> Result<u64, MetadataError> {
+            u64::try_from(s.require(name)?)
+                .map_err(|_| MetadataError::Unsupported(format!("v8dbg_{name} is negative")))
+        };
+        Ok(Metadata {
+            fp_function: s.require("off_fp_function")?,
+            fp_context: s.require("off_fp_context")?,
+            fp_bytecode_array: s.get("off_fp_bytecode_array"),
+            fp_bytecode_offset: s.get("off_fp_bytecode_offset"),
+            heap_object_map: s.require_field("HeapObject", "map")?,
+            map_instance_type: s.require_field("Map", "instance_type")?,
+            map_type: s.instance_type("Map")?,
+            js_function_types,
+            js_function_shared: s.require_field("JSFunction", "shared")?,
+            shared_function_info_type: s.instance_type("SharedFunctionInfo")?,
+            sfi_name_or_scope_info: s.require_field("SharedFunctionInfo", "name_or_scope_info")?,
+            // Named `script_or_debug_info` up to V8 11, `script` since.
+            sfi_script: s
+                .require_one_of("SharedFunctionInfo", &["script", "script_or_debug_info"])?,
+            scope_info_type: s.instance_type("ScopeInfo")?,
+            scope_info_context_local_count: slot_index("scopeinfo_idx_ncontextlocals")?,
+            scope_info_first_vars: slot_index("scopeinfo_idx_first_vars")?,
+            script_type: s.instance_type("Script")?,
+            script_name: s.require_field("Script", "name")?,
+            script_source: s.require_field("Script", "source")?,
+            script_line_ends: s.require_field("Script", "line_ends")?,
+            fixed_array_type: s.instance_type("FixedArray")?,
+            bytecode_array_type: s.instance_type("BytecodeArray").ok(),
+            fixed_array_length: s.require_field("FixedArrayBase", "length")?,
+            fixed_array_data: s.require_field("FixedArray", "data")?,
+            string_tags,
+            string_fields,
+        })
+    }
+
+    /// Reads the metadata of the ELF file `data`.
+    pub fn from_elf(data: &[u8]) -> Result<Metadata, MetadataError> {
+        Metadata::from_symbols(&Symbols::from_elf(data)?)
+    }
+
+    /// Whether the ScopeInfo keeps a function's start and end positions in
+    /// the two fixed slots after its context-local count (V8 12.8 on): the
+    /// metadata puts the first variable slot two slots further than the
+    /// count then. Before, the positions follow the variable slots.
+    pub fn scope_info_has_fixed_positions(&self) -> bool {
+        self.scope_info_first_vars == self.scope_info_context_local_count + 3
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The Node.js executables to test against, with their major version:
+    /// `/usr/bin/node` and those listed (colon separated) in
+    /// `OTEL_THREAD_CTX_TEST_NODES`. One that does not exist or does not
+    /// run is skipped, saying so.
+    pub(crate) fn node_binaries() -> Vec<(u32, std::path::PathBuf)> {
+        let listed = std::env::var("OTEL_THREAD_CTX_TEST_NODES").unwrap_or_default();
+        let mut found = Vec::new();
+        for path in std::iter::once("/usr/bin/node").chain(listed.split(':')) {
+            if path.is_empty() {
+                continue;
+            }
+            let version = std::process::Command::new(path)
+                .arg("--version")
+                .output()
+                .ok()
+                .and_then(|o| String::from_utf8(o.stdout).ok());
+            let major = version.as_deref().and_then(|v| {
+                v.trim()
+                    .strip_prefix('v')?
+                    .split('.')
+                    .next()?
+                    .parse::<u32>()
+                    .ok()
+            });
+            match major {
+                Some(major) => found.push((major, std::path::PathBuf::from(path))),
+                None => eprintln!("skipped {path}: not a Node.js that runs here"),
+            }
+        }
+        found
+    }
+
+    fn read(path: &std::path::Path) -> Symbols {
+        let file = std::fs::File::open(path).unwrap();
+        let mapped = otel_thread_ctx_reader::elf::MappedFile::map(&file).unwrap();
+        Symbols::from_elf(mapped.bytes()).unwrap()
+    }
+
+    #[test]
+    fn every_installed_node_carries_what_naming_needs() {
+        for (major, path) in node_binaries() {
+            let symbols = read(&path);
+            assert!(symbols.len() > 400, "Node.js {major}: {}", symbols.len());
+            let m = Metadata::from_symbols(&symbols)
+                .unwrap_or_else(|e| panic!("Node.js {major} ({}): {e}", path.display()));
+            // The standard frame layout of x86-64: context, then function.
+            assert_eq!((m.fp_context, m.fp_function), (-8, -16), "Node.js {major}");
+            assert_eq!(m.heap_object_map, 0, "Node.js {major}");
+            assert_eq!(m.string_fields.length, 12, "Node.js {major}");
+            assert!(m.bytecode_array_type.is_some(), "Node.js {major}");
+            assert_eq!(
+                (m.fp_bytecode_array, m.fp_bytecode_offset),
+                (Some(-32), Some(-40)),
+                "Node.js {major}"
+            );
+            assert!(
+                m.js_function_types.0 <= m.js_function_types.1,
+                "Node.js {major}"
+            );
+            // V8 12.8 moved a function's positions to fixed ScopeInfo slots:
+            // Node.js 24 on.
+            assert_eq!(
+                m.scope_info_has_fixed_positions(),
+                major >= 24,
+                "Node.js {major}"
+            );
+            // Only Node.js 20 lacks the JSFunction subclass range.
+            assert_eq!(
+                m.js_function_types.0 < m.js_function_types.1,
+                major >= 22,
+                "Node.js {major}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_field_is_found_whatever_its_type_name() {
+        let s = Symbols::from_pairs([
+            (
+                "class_SharedFunctionInfo__name_or_scope_info__Tagged_Object_",
+                16,
+            ),
+            ("class_SharedFunctionInfo__script__Tagged_HeapObject_", 32),
+            ("class_SharedFunctionInfo__raw_script__Tagged_Object_", 32),
+            ("class_Script__name__Object", 16),
+            ("class_Script__name__Tagged_Object_", 24),
+        ]);
+        assert_eq!(
+            s.field("SharedFunctionInfo", "name_or_scope_info"),
+            Ok(Some(16))
+        );
+        // `raw_script` is another field, not a type of `script`.
+        assert_eq!(s.field("SharedFunctionInfo", "script"), Ok(Some(32)));
+        assert_eq!(s.field("SharedFunctionInfo", "nothing"), Ok(None));
+        assert!(matches!(
+            s.field("Script", "name"),
+            Err(MetadataError::Ambiguous(_))
+        ));
+    }
+
+    #[test]
+    fn another_tagging_scheme_is_refused() {
+        let mut pairs = vec![
+            ("HeapObjectTag", 1),
+            ("HeapObjectTagMask", 3),
+            ("SmiTag", 0),
+            ("SmiTagMask", 1),
+            ("SmiShiftSize", 0),
+            ("TaggedSize", 4),
+            ("SystemPointerSize", 8),
+        ];
+        let err = Metadata::from_symbols(&Symbols::from_pairs(pairs.clone())).unwrap_err();
+        assert!(matches!(err, MetadataError::Unsupported(_)), "{err}");
+        pairs.retain(|(n, _)| *n != "TaggedSize");
+        let err = Metadata::from_symbols(&Symbols::from_pairs(pairs)).unwrap_err();
+        assert!(matches!(
+            err,
+            MetadataError::Unsupported(_) | MetadataError::Missing(_)
+        ));
+    }
+
+    #[test]
+    fn a_binary_without_metadata_says_so() {
+        let me = std::fs::read("/proc/self/exe").unwrap();
+        assert_eq!(
+            Symbols::from_elf(&me).unwrap_err(),
+            MetadataError::NoMetadata
+        );
+    }
+}

@@ -1,0 +1,485 @@
+//! Names JavaScript frames from V8's own heap, with no flag on the target:
+//! a JavaScript frame keeps its JSFunction at a fixed offset from its frame
+//! pointer, and the function's SharedFunctionInfo leads to its name, its
+//! script and where it starts.
+//!
+//! The layout of those objects comes from the postmortem metadata of the
+//! target's own Node.js binary ([`metadata`]); the objects are read from
+//! the live process ([`heap`]) and named ([`function`]) as each sample
+//! arrives, from the frame slots in the sample's stack copy. When the
+//! binary lacks a constant, or an object read fails its checks, the frame
+//! is left to the perf map ([`crate::perf_map`]).
+
+pub mod function;
+pub mod heap;
+pub mod metadata;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use otel_thread_ctx_abi::node_schema::smi_value;
+
+use crate::kernel::StackCopy;
+use crate::symbolize::Frame;
+use otel_thread_ctx_reader::elf::MappedFile;
+use otel_thread_ctx_reader::maps::{self, Mapping};
+use otel_thread_ctx_reader::memory::{Memory, ProcessMemory};
+
+pub use function::{JsFunction, Resolver};
+pub use metadata::{Metadata, MetadataError};
+
+/// How often the maps may be re-read for an address no mapping covers.
+const REFRESH_EVERY: Duration = Duration::from_millis(200);
+
+/// Most functions whose frame is kept; emptied past it.
+const MAX_CACHED_FRAMES: usize = 1 << 16;
+
+/// The module of frames named here, as of those the perf map names.
+pub const JIT_MODULE: &str = "[jit]";
+
+/// Reads the metadata of the Node.js binary process `pid` runs: its
+/// executable, else a mapped `libnode` (a Node.js embedded in another
+/// program). Returns the binary's path with it.
+pub fn process_metadata(pid: i32, maps: &[Mapping]) -> Result<(String, Metadata), String> {
+    let exe = format!("/proc/{pid}/exe");
+    let mut candidates = vec![(exe.clone(), std::fs::read_link(&exe).ok())];
+    for m in maps {
+        let name = m.name();
+        let file = name.rsplit('/').next().unwrap_or(name);
+        if m.is_file_backed()
+            && file.starts_with("libnode")
+            && !candidates
+                .iter()
+                .any(|(_, p)| p.as_deref() == Some(std::path::Path::new(name)))
+        {
+            // As the process sees it: a container's files are under its root.
+            candidates.push((format!("/proc/{pid}/root{name}"), Some(name.into())));
+        }
+    }
+    let mut reasons = Vec::new();
+    for (open, shown) in candidates {
+        let shown = shown.map_or(open.clone(), |p| p.display().to_string());
+        let read = std::fs::File::open(&open)
+            .and_then(|f| MappedFile::map(&f))
+            .map_err(|e| e.to_string())
+            .and_then(|mapped| Metadata::from_elf(mapped.bytes()).map_err(|e| e.to_string()));
+        match read {
+            Ok(meta) => return Ok((shown, meta)),
+            Err(e) => reasons.push(format!("{shown}: {e}")),
+        }
+    }
+    Err(reasons.join("; "))
+}
+
+/// One JIT frame named from V8.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedFrame {
+    /// The frame's lookup address (a return address moved back into its
+    /// call, as [`crate::model::lookup_address`] does).
+    pub address: u64,
+    pub frame: Frame,
+    /// Not the stack's innermost frame: its frame pointer is its own for
+    /// sure. The innermost frame may be in its function's first or last
+    /// instructions, where the frame pointer is still its caller's.
+    pub settled: bool,
+}
+
+/// What naming from V8 did in a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// JIT frames named from V8.
+    pub named: u64,
+    /// Interpreted frames named from V8.
+    pub interpreted: u64,
+    /// JIT frames V8 could not name (left to the perf map), and the first
+    /// reason seen.
+    pub unnamed: u64,
+    pub first_failure: Option<String>,
+}
+
+/// Names the JIT frames of one process's samples from V8's heap.
+pub struct JsFrames {
+    pid: i32,
+    binary: String,
+    memory: Box<dyn Memory + Send>,
+    resolver: Resolver,
+    maps: Vec<Mapping>,
+    refreshed: Instant,
+    counts: Counts,
+    /// Each function's frame, shared by the samples it names.
+    frames: HashMap<usize, (Arc<JsFunction>, Arc<Frame>)>,
+}
+
+impl JsFrames {
+    /// Sets up naming for process `pid`; an error says why V8 cannot name
+    /// its frames (no metadata, a constant missing, memory unreadable).
+    pub fn new(pid: i32, maps: Vec<Mapping>) -> Result<JsFrames, String> {
+        let (binary, meta) = process_metadata(pid, &maps)?;
+        let memory = ProcessMemory::open(pid, pid)
+            .map_err(|e| format!("cannot read the memory of pid {pid}: {e}"))?;
+        Ok(JsFrames::with_memory(
+            pid,
+            binary,
+            meta,
+            Box::new(memory),
+            maps,
+        ))
+    }
+
+    /// Names the frames of process `pid` with `meta`, reading its heap
+    /// through `memory`.
+    pub fn with_memory(
+        pid: i32,
+        binary: String,
+        meta: Metadata,
+        memory: Box<dyn Memory + Send>,
+        maps: Vec<Mapping>,
+    ) -> JsFrames {
+        JsFrames {
+            pid,
+            binary,
+            memory,
+            resolver: Resolver::new(meta),
+            maps,
+            refreshed: Instant::now(),
+            counts: Counts::default(),
+            frames: HashMap::new(),
+        }
+    }
+
+    /// The binary whose metadata is used.
+    pub fn binary(&self) -> &str {
+        &self.binary
+    }
+
+    /// Forgets what was read of the heap (functions, scripts, maps), for a
+    /// long run where objects move and die.
+    pub fn forget(&mut self) {
+        self.resolver.forget();
+        self.frames.clear();
+    }
+
+    pub fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// Where `addr` is: V8's code space (anonymous executable memory), the
+    /// binary whose metadata is used (its embedded builtins, the
+    /// interpreter among them), or elsewhere. The maps are re-read (at
+    /// most every [`REFRESH_EVERY`]) for an address none covers.
+    fn place(&mut self, addr: u64) -> Place {
+        let binary = self.binary.as_str();
+        let find = |maps: &[Mapping]| {
+            maps.iter()
+                .find(|m| m.start <= addr && addr < m.end)
+                .map(|m| {
+                    let special = m.path.starts_with('[') && !m.path.starts_with("[anon");
+                    if !m.perms.contains('x') {
+                        Place::Elsewhere
+                    } else if m.is_file_backed() {
+                        if m.name() == binary {
+                            Place::Binary
+                        } else {
+                            Place::Elsewhere
+                        }
+                    } else if special {
+                        Place::Elsewhere
+                    } else {
+                        Place::Jit
+                    }
+                })
+        };
+        if let Some(place) = find(&self.maps) {
+            return place;
+        }
+        if self.refreshed.elapsed() < REFRESH_EVERY {
+            return Place::Elsewhere;
+        }
+        self.refreshed = Instant::now();
+        if let Ok(m) = maps::read(self.pid) {
+            if !m.is_empty() {
+                self.maps = m;
+            }
+        }
+        find(&self.maps).unwrap_or(Place::Elsewhere)
+    }
+
+    /// Names the JavaScript frames of one stack: `frames` leaf first (as
+    /// the sample keeps them), `frame_pointers` the frame pointer each
+    /// frame had where the unwinder knew it, and `copy` the stack bytes
+    /// the frame slots are read from.
+    pub fn name(
+        &mut self,
+        copy: &StackCopy,
+        frames: &[u64],
+        frame_pointers: &[Option<u64>],
+    ) -> JsNames {
+        let mut named = JsNames::default();
+        for (i, (&addr, &fp)) in frames.iter().zip(frame_pointers).enumerate() {
+            let Some(fp) = fp else { continue };
+            let address = crate::model::lookup_address(i, addr);
+            match self.place(address) {
+                Place::Jit => match self.function_at(copy, fp) {
+                    Ok(function) => {
+                        self.counts.named += 1;
+                        named.by_address.push(NamedFrame {
+                            address,
+                            frame: self.frame_of(&function).as_ref().clone(),
+                            settled: i > 0,
+                        });
+                    }
+                    Err(reason) => {
+                        self.counts.unnamed += 1;
+                        self.counts.first_failure.get_or_insert(reason);
+                    }
+                },
+                // Most frames in the binary are native code: only those
+                // that pass every check of an interpreted frame are named,
+                // and the others are not failures.
+                Place::Binary => {
+                    if let Some(function) = self.interpreted_function_at(copy, fp) {
+                        self.counts.interpreted += 1;
+                        named.by_frame.push((i, self.frame_of(&function)));
+                    }
+                }
+                Place::Elsewhere => {}
+            }
+        }
+        named
+    }
+
+    /// The frame that names `function`, built once per function.
+    fn frame_of(&mut self, function: &Arc<JsFunction>) -> Arc<Frame> {
+        // Keyed by the function's allocation, which the entry keeps alive.
+        let key = Arc::as_ptr(function) as usize;
+        if let Some((_, frame)) = self.frames.get(&key) {
+            return frame.clone();
+        }
+        let frame = Arc::new(Frame {
+            name: function.frame_name(),
+            module: JIT_MODULE.into(),
+        });
+        if self.frames.len() >= MAX_CACHED_FRAMES {
+            self.frames.clear();
+        }
+        self.frames.insert(key, (function.clone(), frame.clone()));
+        frame
+    }
+
+    /// The function of the JavaScript frame whose frame pointer is `fp`.
+    fn function_at(&mut self, copy: &StackCopy, fp: u64) -> Result<Arc<JsFunction>, String> {
+        let meta = self.resolver.metadata();
+        let context = stack_word(copy, fp, meta.fp_context)
+            .ok_or("the frame's slots are outside the stack copy")?;
+        // A typed frame (stub, exit, builtin) keeps a marker there, which
+        // is never a tagged pointer; a JavaScript frame keeps its context.
+        if context & 1 == 0 {
+            return Err("not a JavaScript frame (a frame-type marker)".into());
+        }
+        let function = stack_word(copy, fp, meta.fp_function)
+            .ok_or("the frame's slots are outside the stack copy")?;
+        self.resolver
+            .function(self.memory.as_ref(), function)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The function of the frame whose frame pointer is `fp`, when it is
+    /// an interpreted JavaScript frame: a context, a Smi bytecode offset
+    /// and a BytecodeArray in their slots.
+    fn interpreted_function_at(&mut self, copy: &StackCopy, fp: u64) -> Option<Arc<JsFunction>> {
+        let meta = self.resolver.metadata();
+        let bytecode_type = meta.bytecode_array_type?;
+        let offset = stack_word(copy, fp, meta.fp_bytecode_offset?)?;
+        let bytecode = stack_word(copy, fp, meta.fp_bytecode_array?)?;
+        smi_value(offset).filter(|&o| o >= 0)?;
+        if !self
+            .resolver
+            .is_of_type(self.memory.as_ref(), bytecode, bytecode_type)
+        {
+            return None;
+        }
+        self.function_at(copy, fp).ok()
+    }
+}
+
+/// Where a frame's address is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    Jit,
+    Binary,
+    Elsewhere,
+}
+
+/// The names one stack's JavaScript frames got.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JsNames {
+    /// JIT frames: their addresses, named for the run.
+    pub by_address: Vec<NamedFrame>,
+    /// Interpreted frames, named in this sample only (their address is the
+    /// interpreter's): index in the stack, and the name.
+    pub by_frame: Vec<(usize, Arc<Frame>)>,
+}
+
+/// The word at `fp + offset` in the stack copy.
+fn stack_word(copy: &StackCopy, fp: u64, offset: i64) -> Option<u64> {
+    let at = fp.checked_add_signed(offset)?.checked_sub(copy.sp)?;
+    let at = usize::try_from(at).ok()?;
+    let word = copy.stack.get(at..at.checked_add(8)?)?;
+    Some(u64::from_ne_bytes(word.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::function::fake::{self, FakeHeap};
+    use super::*;
+
+    /// A stack copy whose frames sit at `sp + 0x100` (innermost) and
+    /// `sp + 0x200`, each with a context and a function in its slots.
+    fn copy_with_frames(sp: u64, slots: &[(u64, u64, u64)]) -> StackCopy {
+        let mut stack = vec![0u8; 0x400];
+        for &(fp, context, function) in slots {
+            let at = (fp - sp) as usize;
+            stack[at - 8..at].copy_from_slice(&context.to_ne_bytes());
+            stack[at - 16..at - 8].copy_from_slice(&function.to_ne_bytes());
+        }
+        StackCopy {
+            tid: 1,
+            id: 1,
+            ip: 0,
+            sp,
+            bp: sp + 0x100,
+            stack,
+        }
+    }
+
+    fn mapping(start: u64, end: u64, inode: u64, path: &str) -> Mapping {
+        Mapping {
+            start,
+            end,
+            perms: "r-xp".into(),
+            offset: 0,
+            inode,
+            path: path.into(),
+        }
+    }
+
+    #[test]
+    fn names_jit_frames_from_their_function_slot_and_nothing_else() {
+        let mut h = FakeHeap::new();
+        let name = h.one_byte("work");
+        let undefined = h.undefined;
+        let (function, _) = h.function(name, undefined);
+        let context = h.object(fake::FIXED_ARRAY_TYPE, 2);
+        let sp = 0x7ff0_0000;
+        let copy = copy_with_frames(sp, &[(sp + 0x100, context, function), (sp + 0x200, 28, 0)]);
+        let maps = vec![
+            mapping(0x1000, 0x2000, 0, ""),
+            mapping(0x5000, 0x6000, 7, "/usr/bin/node"),
+        ];
+        let mut js = JsFrames::with_memory(
+            std::process::id() as i32,
+            "node".into(),
+            fake::metadata(true),
+            Box::new(h),
+            maps,
+        );
+        // JIT leaf, JIT caller in a typed frame, a file frame, a frame
+        // with no frame pointer known.
+        let frames = [0x1010, 0x1021, 0x5010, 0x1031];
+        let fps = [Some(sp + 0x100), Some(sp + 0x200), Some(sp + 0x100), None];
+        let named = js.name(&copy, &frames, &fps);
+        assert!(named.by_frame.is_empty());
+        assert_eq!(
+            named.by_address,
+            [NamedFrame {
+                address: 0x1010,
+                frame: Frame {
+                    name: "JS:work".into(),
+                    module: JIT_MODULE.into(),
+                },
+                settled: false,
+            }]
+        );
+        assert_eq!(js.counts().named, 1);
+        assert_eq!(js.counts().unnamed, 1);
+        assert!(js
+            .counts()
+            .first_failure
+            .as_deref()
+            .is_some_and(|r| r.contains("marker")));
+        // Frame slots past the copy name nothing.
+        let far = [Some(sp + 0x1000)];
+        assert_eq!(js.name(&copy, &[0x1010], &far), JsNames::default());
+    }
+
+    #[test]
+    fn a_running_node_is_found_by_its_executable() {
+        for (major, path) in super::metadata::tests::node_binaries() {
+            let mut child = std::process::Command::new(&path)
+                .args(["-e", "setTimeout(() => {}, 30000)"])
+                .spawn()
+                .unwrap();
+            let pid = child.id() as i32;
+            let found = maps::read(pid)
+                .map_err(|e| e.to_string())
+                .and_then(|m| process_metadata(pid, &m));
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let (binary, meta) = found.unwrap_or_else(|e| panic!("Node.js {major}: {e}"));
+            assert_eq!(
+                std::fs::canonicalize(&binary).unwrap(),
+                std::fs::canonicalize(&path).unwrap(),
+                "Node.js {major}"
+            );
+            assert_eq!(meta.fp_function, -16, "Node.js {major}");
+        }
+    }
+
+    #[test]
+    fn interpreted_frames_in_the_binary_are_named_in_their_sample_only() {
+        let mut h = FakeHeap::new();
+        let name = h.one_byte("slow");
+        let undefined = h.undefined;
+        let (function, _) = h.function(name, undefined);
+        let context = h.object(fake::FIXED_ARRAY_TYPE, 2);
+        let bytecode = h.object(fake::BYTECODE_ARRAY_TYPE, 4);
+        let not_bytecode = h.object(fake::FIXED_ARRAY_TYPE, 4);
+        let sp = 0x7ff0_0000;
+        let mut copy = copy_with_frames(
+            sp,
+            &[
+                (sp + 0x100, context, function),
+                (sp + 0x200, context, function),
+            ],
+        );
+        let mut put = |fp: u64, offset: i64, word: u64| {
+            let at = (fp.checked_add_signed(offset).unwrap() - sp) as usize;
+            copy.stack[at..at + 8].copy_from_slice(&word.to_ne_bytes());
+        };
+        // An interpreted frame; then one whose bytecode slot holds
+        // something else (native code that happens to keep such words).
+        put(sp + 0x100, -32, bytecode);
+        put(sp + 0x100, -40, fake::smi(54));
+        put(sp + 0x200, -32, not_bytecode);
+        put(sp + 0x200, -40, fake::smi(54));
+        let maps = vec![mapping(0x5000, 0x6000, 7, "/opt/node/bin/node")];
+        let mut js = JsFrames::with_memory(
+            std::process::id() as i32,
+            "/opt/node/bin/node".into(),
+            fake::metadata(true),
+            Box::new(h),
+            maps,
+        );
+        let named = js.name(
+            &copy,
+            &[0x5010, 0x5020],
+            &[Some(sp + 0x100), Some(sp + 0x200)],
+        );
+        assert!(named.by_address.is_empty());
+        assert_eq!(named.by_frame.len(), 1);
+        assert_eq!(named.by_frame[0].0, 0);
+        assert_eq!(named.by_frame[0].1.name, "JS:slow");
+        assert_eq!((js.counts().interpreted, js.counts().unnamed), (1, 0));
+    }
+}
