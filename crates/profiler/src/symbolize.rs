@@ -15,7 +15,6 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use blazesym::MaybeDefault;
 
 use crate::perf_map;
-use crate::v8::NamedFrame;
 use otel_thread_ctx_reader::maps::{self, Mapping};
 
 /// A stack frame's name and the module it is in.
@@ -25,6 +24,19 @@ pub struct Frame {
     /// The file, `[kernel]`, `[jit]` (JIT code V8 or its perf map named)
     /// or `[anon]`.
     pub module: String,
+}
+
+/// One JIT frame named from V8's heap ([`crate::v8`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedFrame {
+    /// The frame's lookup address (a return address moved back into its
+    /// call, as [`crate::model::lookup_address`] does).
+    pub address: u64,
+    pub frame: Frame,
+    /// Not the stack's innermost frame: its frame pointer is its own for
+    /// sure. The innermost frame may be in its function's first or last
+    /// instructions, where the frame pointer is still its caller's.
+    pub settled: bool,
 }
 
 #[derive(Clone, Debug)]

@@ -18,7 +18,8 @@ use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::kernel::{Kind, Sample, StackCopy};
-use crate::v8::{JsFrames, NamedFrame};
+use crate::symbolize::NamedFrame;
+use crate::v8::JsFrames;
 use otel_thread_ctx_reader::elf::MappedFile;
 use otel_thread_ctx_reader::maps::{self, Mapping};
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use otel_thread_ctx_abi::node_schema::smi_value;
 
 use crate::kernel::StackCopy;
-use crate::symbolize::Frame;
+use crate::symbolize::{Frame, NamedFrame};
 use otel_thread_ctx_reader::elf::MappedFile;
 use otel_thread_ctx_reader::maps::{self, Mapping};
 use otel_thread_ctx_reader::memory::{Memory, ProcessMemory};
@@ -70,19 +70,6 @@ pub fn process_metadata(pid: i32, maps: &[Mapping]) -> Result<(String, Metadata)
         }
     }
     Err(reasons.join("; "))
-}
-
-/// One JIT frame named from V8.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NamedFrame {
-    /// The frame's lookup address (a return address moved back into its
-    /// call, as [`crate::model::lookup_address`] does).
-    pub address: u64,
-    pub frame: Frame,
-    /// Not the stack's innermost frame: its frame pointer is its own for
-    /// sure. The innermost frame may be in its function's first or last
-    /// instructions, where the frame pointer is still its caller's.
-    pub settled: bool,
 }
 
 /// What naming from V8 did in a run.
