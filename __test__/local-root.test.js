@@ -41,6 +41,13 @@ function published() {
 
 const idOf = (span) => span.spanContext().spanId;
 
+/** A full GC, with or without --expose-gc. */
+function fullGc() {
+  if (typeof globalThis.gc === 'function') return globalThis.gc();
+  require('node:v8').setFlagsFromString('--expose-gc');
+  return require('node:vm').runInNewContext('gc')();
+}
+
 test('the default keys are in the key map before any span', () => {
   const keys = keyMap();
   for (const key of ['local_root.span_id', ROUTE, 'span.name', 'db.system']) assert.ok(keys.includes(key), `${key} in ${keys}`);
@@ -124,6 +131,46 @@ test('a remote parent starts a new local root; without the span processor the ac
     });
   });
   server.end();
+});
+
+test('without the span processor a child joins its parent\'s tree, after the parent ended too', () => {
+  let late;
+  bareTracer.startActiveSpan('GET', { attributes: { [ROUTE]: '/bare' } }, (root) => {
+    bareTracer.startActiveSpan('handler', (handler) => {
+      bareTracer.startActiveSpan('query', (query) => {
+        assert.deepStrictEqual(published().attributes, { 'local_root.span_id': idOf(root), [ROUTE]: '/bare', 'span.name': 'query' });
+        query.end();
+      });
+      handler.end();
+    });
+    root.end();
+    // A callback of the request that runs after the response was sent.
+    late = bareTracer.startSpan('late', {}, context.active());
+    context.with(trace.setSpan(context.active(), late), () => {
+      assert.deepStrictEqual(published().attributes, { 'local_root.span_id': idOf(root), [ROUTE]: '/bare', 'span.name': 'late' });
+    });
+  });
+  late.end();
+});
+
+test('an ended local root span is not kept alive by the records of its tree', async () => {
+  let rootRef;
+  let heldContext;
+  bareTracer.startActiveSpan('GET', { attributes: { [ROUTE]: '/held' } }, (root) => {
+    rootRef = new WeakRef(root);
+    bareTracer.startActiveSpan('child', (child) => {
+      // A context a timer or a pooled socket keeps after the request.
+      heldContext = context.active();
+      child.end();
+    });
+    root.end();
+  });
+  // Out of every frame that could hold the root's context.
+  await new Promise((resolve) => setImmediate(resolve));
+  await new Promise((resolve) => setImmediate(resolve));
+  fullGc();
+  assert.strictEqual(rootRef.deref(), undefined, 'the root span was collected');
+  assert.ok(trace.getSpan(heldContext), 'while a context of its tree lives on');
 });
 
 test('with the span processor the parent is exact even when the span is entered elsewhere', () => {

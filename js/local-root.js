@@ -6,7 +6,10 @@
 // span still says which endpoint it serves.
 //
 // Nothing here runs per context switch, and nothing observable is added to
-// spans: a span's LocalRoot is held in a private field (./hidden-state.js). A LocalRoot's `version`
+// spans. A published span's LocalRoot is held by its record
+// (./span-records.js); only the span processor, which sees spans before
+// any record exists, keeps it in a private field of the span
+// (./hidden-state.js). A LocalRoot's `version`
 // changes when its endpoint attributes change, and the records of its tree
 // are rewritten then (./span-records.js), since a frame resumes without
 // running anything.
@@ -16,7 +19,8 @@
 //   parent context);
 // - otherwise, when a span is first published: its parent is the active
 //   span at that moment when their ids match (startActiveSpan, and
-//   `context.with(trace.setSpan(...))` as instrumentations do); a span whose
+//   `context.with(trace.setSpan(...))` as instrumentations do), and the
+//   active span's record already holds the tree's LocalRoot; a span whose
 //   local parent cannot be found is its own local root.
 //
 // Where the endpoint comes from: the local root's own value once it has
@@ -52,9 +56,34 @@ class LocalRootSlot extends Stamp {
   /** Set once per span. */
   static set(span, root) {
     if (!(#root in span)) new LocalRootSlot(span, root);
+    stampedAny = true;
   }
 }
 const roots = LocalRootSlot;
+
+/**
+ * Whether any span was given a LocalRoot in its own private field (the
+ * span processor's path): until then no span has one, and a span's first
+ * record skips the lookup (a private-field check on an object of another
+ * class is one of the costlier steps of a new span).
+ */
+let stampedAny = false;
+
+/** The LocalRoot stamped on `span` by the span processor's path, or undefined. */
+function stampedRoot(span) {
+  return stampedAny ? roots.get(span) : undefined;
+}
+
+/** A span's record (./span-records.js), or null/undefined: set by configure(). */
+let recordOfSpan = () => undefined;
+
+/** The LocalRoot `span` already has, stamped or held by its record, else undefined. */
+function heldRoot(span) {
+  const stamped = stampedRoot(span);
+  if (stamped !== undefined) return stamped;
+  const record = recordOfSpan(span);
+  return record !== undefined && record !== null && record.root !== null ? record.root : undefined;
+}
 
 /** The endpoint keys (set by the publishing manager's schema). */
 let endpointKeys = [];
@@ -100,6 +129,7 @@ function otherThreadsMayAsk() {
 
 class LocalRoot {
   constructor(span, spanId) {
+    /** The local root span itself until it ends (then null: nothing keeps it alive through here). */
     this.span = span;
     /** Lowercase hex, as published. */
     this.spanId = spanId;
@@ -180,6 +210,12 @@ function assign(span, root) {
   return root;
 }
 
+/** `span` joins `root` without a field of its own: its record holds the root. */
+function join(span, root) {
+  root.note(span);
+  return root;
+}
+
 /** The trace id of `span` in lowercase hex, or '' when it has none. */
 function traceIdOf(span) {
   const sc = span.spanContext();
@@ -212,7 +248,7 @@ function hasParent(span) {
  * thread's root of its trace when the table has one, else `span` itself,
  * put in the table while other threads may ask.
  */
-function newLocalRoot(span) {
+function newLocalRoot(span, place = assign) {
   const mayAsk = otherThreadsMayAsk();
   const traceId = mayAsk ? traceIdOf(span) : '';
   if (traceId !== '' && hasParent(span)) {
@@ -234,10 +270,10 @@ function newLocalRoot(span) {
           root.fromRoot.add(texts[i]);
         }
       }
-      return assign(span, root);
+      return place(span, root);
     }
   }
-  const root = assign(span, new LocalRoot(span, spanIdOf(span)));
+  const root = place(span, new LocalRoot(span, spanIdOf(span)));
   if (traceId !== '') share(root, traceId);
   return root;
 }
@@ -248,7 +284,7 @@ function newLocalRoot(span) {
  * undefined: the active span is tried.
  */
 function localRootOf(span, parentSpan) {
-  const cached = roots.get(span);
+  const cached = heldRoot(span);
   if (cached !== undefined) return cached;
   const parentId = parentIdOf(span);
   if (parentId !== null) {
@@ -261,13 +297,40 @@ function localRootOf(span, parentSpan) {
 }
 
 /**
- * `span` ended: if it is a local root in the process's trace-root table,
- * it leaves it. Cannot throw.
+ * The LocalRoot of a span being given its first record, found as
+ * localRootOf() finds it but kept in the record only: the active span's
+ * record says which tree it belongs to (its `root`) and its id (`spanId`)
+ * without asking the span.
  */
-function spanEnded(span) {
+function localRootForRecord(span) {
+  const stamped = stampedRoot(span);
+  if (stamped !== undefined) return stamped;
+  const parentId = parentIdOf(span);
+  if (parentId !== null) {
+    const candidate = trace.getSpan(contextApi.active());
+    if (typeof candidate === 'object' && candidate !== null && candidate !== span) {
+      const record = recordOfSpan(candidate);
+      if (record !== undefined && record !== null && record.root !== null) {
+        if (record.spanId === parentId || sameId(String(record.spanId).toLowerCase(), parentId)) return join(span, record.root);
+      } else if (typeof candidate.spanContext === 'function' && sameId(spanIdOf(candidate), parentId)) {
+        return join(span, localRootOf(candidate, null));
+      }
+    }
+  }
+  return newLocalRoot(span, join);
+}
+
+/**
+ * `span` ended (`root`: the LocalRoot its record holds, or undefined): if
+ * it is a local root, it lets go of the span, and leaves the process's
+ * trace-root table if it is there. Cannot throw.
+ */
+function spanEnded(span, root = undefined) {
   try {
-    const root = roots.get(span);
-    if (root === undefined || root.sharedAs === null || root.span !== span) return;
+    if (root === undefined || root === null) root = stampedRoot(span);
+    if (root === undefined || root.span !== span) return;
+    root.span = null;
+    if (root.sharedAs === null) return;
     const traceId = root.sharedAs;
     root.sharedAs = null;
     binding.traceRootWithdraw(traceId, root.spanId);
@@ -276,9 +339,10 @@ function spanEnded(span) {
   }
 }
 
-/** The LocalRoot of `span` if one was found already, else undefined. */
-function knownLocalRoot(span) {
-  return roots.get(span);
+/** The LocalRoot of `span` if one was found already (`record`: its record, if any), else undefined. */
+function knownLocalRoot(span, record = undefined) {
+  if (record !== undefined && record !== null && record.root !== null) return record.root;
+  return stampedRoot(span);
 }
 
 /** ProcessContextSpanProcessor.onStart: the exact parent. Cannot throw. */
@@ -292,10 +356,14 @@ function spanStarted(span, parentContext) {
   }
 }
 
-/** Sets the endpoint keys (a new publishing schema) and the change listener. */
-function configure(keys, onChange) {
+/**
+ * Sets the endpoint keys (a new publishing schema), the change listener
+ * and how a span's record is found (`recordOf(span)`: it, or null/undefined).
+ */
+function configure(keys, onChange, recordOf) {
   endpointKeys = keys;
   changed = onChange;
+  recordOfSpan = recordOf;
 }
 
-module.exports = { localRootOf, knownLocalRoot, spanStarted, spanEnded, configure, attributeText };
+module.exports = { localRootOf, localRootForRecord, knownLocalRoot, spanStarted, spanEnded, configure, attributeText };

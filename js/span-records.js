@@ -90,7 +90,7 @@ function carve(size) {
 
 /** A span's native record and what was written into it. */
 class SpanRecord {
-  constructor(slab, size, span, traceFlags, schema, root, name, seen, observed) {
+  constructor(slab, size, span, spanId, traceFlags, schema, root, name, seen, observed) {
     this.slab = slab;
     this.byteOffset = slab.used;
     /** Index of its first word in the slab's word view. */
@@ -101,10 +101,16 @@ class SpanRecord {
     /** Record mode's slot for it while it may be published (0: none yet). */
     this.slot = 0;
     this.span = span;
+    /** The span's id as its span context gave it (hex text), for its children's local root lookup. */
+    this.spanId = spanId;
     this.traceFlags = traceFlags;
     /** The AttributeSchema the attributes were encoded for (null: none). */
     this.schema = schema;
-    /** The span's LocalRoot (null: none published) and its version when encoded. */
+    /**
+     * The span's LocalRoot (null: none published) and its version when
+     * encoded. Kept once the span ended: a child started after its parent
+     * ended (a late callback) still joins the tree.
+     */
     this.root = root;
     this.rootVersion = root === null ? 0 : root.version;
     /** The span's name and own attribute values when encoded (for isCurrent). */
@@ -215,7 +221,6 @@ function end(record) {
   record.slab.words[record.base + TAIL_INDEX_U32] = 0;
   unlinkFromTree(record);
   record.span = null;
-  record.root = null;
   record.seen = null;
   record.name = undefined;
 }
@@ -243,7 +248,7 @@ function pointerOf(record) {
 
 /** A record that publishes nothing, ever (valid = 0, never written). */
 function blankRecord() {
-  const record = new SpanRecord(carve(HEADER_RECORD_SIZE), HEADER_RECORD_SIZE, null, 0, null, null, undefined, null, true);
+  const record = new SpanRecord(carve(HEADER_RECORD_SIZE), HEADER_RECORD_SIZE, null, '', 0, null, null, undefined, null, true);
   record.slab.used += HEADER_RECORD_SIZE;
   record.ended = true;
   return record;
@@ -285,8 +290,11 @@ function observeNewSpans(observer) {
   newSpanObserver = observer;
 }
 
-/** A new record for `span`, or null when it publishes no span. */
-function newRecord(span) {
+/**
+ * A new record for `span`, or null when it publishes no span. `knownRoot`:
+ * the LocalRoot of the record it replaces, or null.
+ */
+function newRecord(span, knownRoot) {
   if (newSpanObserver !== null && !newSpanObserver(span)) newSpanObserver = null;
   const observed = observeSpanClass(span);
   if (span.ended === true) return null;
@@ -305,7 +313,7 @@ function newRecord(span) {
   if (schema === null) {
     slab = carve(size);
   } else {
-    root = schema.needsRoot ? localRoot.localRootOf(span) : null;
+    if (schema.needsRoot) root = knownRoot ?? localRoot.localRootForRecord(span);
     if (schema.ownKeys.length !== 0) seen = new Array(schema.ownKeys.length);
     name = span.name;
     // Encoded in place, with room for the largest record reserved: the
@@ -315,7 +323,7 @@ function newRecord(span) {
     attrsSize = schema.encodeInto(slab.bytes, slab.used + offsets.attrsData, ATTRS_CAPACITY, span, root, seen);
     size = recordSize(attrsSize);
   }
-  const record = new SpanRecord(slab, size, span, flags, schema, root, name, seen, observed);
+  const record = new SpanRecord(slab, size, span, sc.spanId, flags, schema, root, name, seen, observed);
   slab.used += size;
   writeIds(record);
   record.attrsSize = attrsSize;
@@ -355,6 +363,7 @@ function isFresh(record) {
 function recordOf(span) {
   if (typeof span !== 'object' || span === null || typeof span.spanContext !== 'function') return null;
   const cached = records.get(span);
+  let knownRoot = null;
   if (cached !== undefined) {
     if (cached === null || isCurrent(cached)) return cached;
     // Attributes changed: the same record is rewritten, so what already
@@ -364,8 +373,9 @@ function recordOf(span) {
       return cached;
     }
     unlinkFromTree(cached);
+    knownRoot = cached.root;
   }
-  const record = newRecord(span);
+  const record = newRecord(span, knownRoot);
   records.set(span, record);
   return record;
 }
@@ -375,13 +385,16 @@ function recordOf(span) {
  * local root leaves the process's trace-root table. Cannot throw.
  */
 function spanEnded(span) {
-  localRoot.spanEnded(span);
+  let record;
   try {
-    const record = records.get(span);
-    if (record !== undefined && record !== null && !record.ended) end(record);
+    record = records.get(span);
   } catch {
     // Not an object: nothing was published for it.
+    return;
   }
+  const published = record !== undefined && record !== null;
+  localRoot.spanEnded(span, published ? record.root : undefined);
+  if (published && !record.ended) end(record);
 }
 
 /**
@@ -432,9 +445,9 @@ function attributesSet(span, attributes) {
 function changeObserved(span) {
   if (schema === null) return;
   try {
-    const root = localRoot.knownLocalRoot(span);
-    if (root !== undefined) root.note(span);
     const record = records.get(span);
+    const root = localRoot.knownLocalRoot(span, record);
+    if (root !== undefined) root.note(span);
     if (record !== undefined && record !== null && !record.ended && record.schema === schema && !schema.isCurrent(record)) {
       rewrite(record);
     }
@@ -476,10 +489,15 @@ function reportUnreadableSpan(error) {
   }
 }
 
+/** The record `span` (an object) has so far: it, null (publishes none) or undefined. */
+function recordOfKnown(span) {
+  return records.get(span);
+}
+
 /** Sets the publishing manager's schema (null: none, or no manager publishing). */
 function configure(nextSchema) {
   schema = nextSchema;
-  localRoot.configure(schema === null ? [] : schema.endpointKeys, endpointChanged);
+  localRoot.configure(schema === null ? [] : schema.endpointKeys, endpointChanged, recordOfKnown);
 }
 
 module.exports = {
