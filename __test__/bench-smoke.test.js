@@ -133,3 +133,17 @@ test('bench/run.js --quick runs the interleaved suites: one server process per m
     assert.strictEqual(round.stock.ratio, 1);
   }
 });
+
+test('bench/run.js --kinds runs the interleaved suites with the managers chosen, stock always among them', () => {
+  const { stdout, results } = runBench(['--rounds', '1', '--only', 'http-interleaved', '--scale', '0.2', '--kinds', 'name,rootid,route,stamps'], 180000);
+  const [round] = results['http-interleaved'][process.versions.node].rounds;
+  assert.deepStrictEqual(Object.keys(round).sort(), ['name', 'rootid', 'route', 'stamps', 'stock']);
+  for (const kind of ['name', 'rootid', 'route', 'stamps']) {
+    assert.ok(Number.isFinite(round[kind].ratio) && round[kind].ratio > 0, `${kind}: ratio`);
+    assert.ok(round[kind].spans >= round[kind].served, `${kind}: every request traced`);
+  }
+  assert.match(stdout, /\| http server CPU per request, separate servers interleaved \(ours\/stock\) \| n\/a/);
+  const refused = spawnSync(process.execPath, ['bench/run.js', '--kinds', 'nosuch'], { cwd: ROOT, encoding: 'utf8' });
+  assert.strictEqual(refused.status, 2);
+  assert.match(refused.stderr, /--kinds: unknown kind nosuch/);
+});

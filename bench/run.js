@@ -21,7 +21,7 @@ const { spawnSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { SUITES } = require('./lib/suites');
+const { SUITES, chooseInterleavedKinds } = require('./lib/suites');
 const { summarize, median } = require('./lib/stats');
 const { ROOT, canPin } = require('./lib/processes');
 
@@ -33,10 +33,14 @@ const USAGE = `usage: node bench/run.js [options]
                      (installed there with npm when missing)
   --rounds N         rounds per benchmark (default: per benchmark, 5-7)
   --scale F          multiply every iteration count by F (default 1)
-  --json FILE        where to write the results (default bench/results/latest.json)`;
+  --json FILE        where to write the results (default bench/results/latest.json)
+  --kinds a,b        the managers the interleaved suites run (default
+                     stock,stock2,ours,bare,record,datadog); also name, rootid,
+                     route (one identity attribute each) and stamps (stock plus
+                     a private field per context and span)`;
 
 function parseArgs(argv) {
-  const opts = { quick: false, only: null, nodes: [], rounds: null, scale: 1, json: null };
+  const opts = { quick: false, only: null, nodes: [], rounds: null, scale: 1, json: null, kinds: null };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     const value = () => {
@@ -62,6 +66,9 @@ function parseArgs(argv) {
       case '--json':
         opts.json = value();
         break;
+      case '--kinds':
+        opts.kinds = value().split(',').filter(Boolean);
+        break;
       case '-h':
       case '--help':
         console.log(USAGE);
@@ -73,6 +80,13 @@ function parseArgs(argv) {
   }
   if (opts.only) {
     for (const name of opts.only) if (!SUITES.some((s) => s.name === name)) fail(`unknown benchmark ${name}`);
+  }
+  if (opts.kinds !== null) {
+    try {
+      chooseInterleavedKinds(opts.kinds);
+    } catch (error) {
+      fail(`--kinds: ${error.message}`);
+    }
   }
   if (opts.rounds !== null && !(opts.rounds >= 1)) fail('--rounds must be >= 1');
   if (!(opts.scale > 0)) fail('--scale must be > 0');

@@ -28,7 +28,10 @@ function report(result) {
  * with() shape with empty publishing, bench/lib/floor.js), 'store' (the
  * same with hooks only reading the stock store), 'write' (the same, with
  * hooks and a with() copying the span's record words into a buffer of
- * their own) or 'none' (no context manager at all). The stock, floor, store and
+ * their own), 'bare' (ours without the identity attributes), 'name',
+ * 'rootid', 'route' (ours with only the span name, only the local root id,
+ * only the root's http.route), 'stamps' (stock plus a private field on each
+ * context and span, bench/lib/floor.js) or 'none' (no context manager at all). The stock, floor, store and
  * write processes never load the addon, so nothing of ours runs there.
  */
 function installManager(kind) {
@@ -58,6 +61,15 @@ function createManager(kind) {
     case 'bare':
       // The line's default mode without the identity attributes.
       return new (require(ROOT).ProfilingContextManager)({ spanName: false, localRootSpanId: false, localRootAttributes: [] });
+    // One identity attribute each, for what each one costs alone.
+    case 'name':
+      return new (require(ROOT).ProfilingContextManager)({ localRootSpanId: false, localRootAttributes: [] });
+    case 'rootid':
+      return new (require(ROOT).ProfilingContextManager)({ spanName: false, localRootAttributes: [] });
+    case 'route':
+      return new (require(ROOT).ProfilingContextManager)({ spanName: false, localRootSpanId: false });
+    case 'stamps':
+      return new (require('./floor').StampingContextManager)();
     case 'floor':
       return new (require('./floor').FloorContextManager)();
     case 'store':

@@ -211,8 +211,59 @@ class RecordWriteContextManager extends FloorContextManager {
   }
 }
 
+/** Returns its argument from a constructor, so a subclass's private field lands on that object. */
+class Stamp {
+  constructor(target) {
+    // eslint-disable-next-line no-constructor-return
+    return target;
+  }
+}
+
+class ContextStamp extends Stamp {
+  #stamp;
+
+  constructor(context) {
+    super(context);
+    this.#stamp = true;
+  }
+
+  static has(context) {
+    return #stamp in context;
+  }
+}
+
+class SpanStamp extends Stamp {
+  #stamp;
+
+  constructor(span) {
+    super(span);
+    this.#stamp = true;
+  }
+
+  static has(span) {
+    return #stamp in span;
+  }
+}
+
+/**
+ * The stamps reference: the stock manager, plus one private field added
+ * to each context at its first with() and one to its span, as ours keeps
+ * its state (js/hidden-state.js), and nothing else: what the hidden-class
+ * changes on objects of the SDK cost alone.
+ */
+class StampingContextManager extends AsyncLocalStorageContextManager {
+  with(context, fn, thisArg, ...args) {
+    if (typeof context === 'object' && context !== null && !ContextStamp.has(context)) {
+      new ContextStamp(context);
+      const span = trace.getSpan(context);
+      if (typeof span === 'object' && span !== null && !SpanStamp.has(span)) new SpanStamp(span);
+    }
+    return super.with(context, fn, thisArg, ...args);
+  }
+}
+
 /** The value last read by a store reader, and the write reference's record (so both stay observable). */
 const lastRead = () => sink;
 const lastWritten = () => scratchRecord;
 
-module.exports = { FloorContextManager, RecordWriteContextManager, lastRead, lastWritten };
+module.exports = { FloorContextManager, RecordWriteContextManager, StampingContextManager, lastRead, lastWritten };

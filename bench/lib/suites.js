@@ -469,6 +469,20 @@ const fastifySwitching = switchingSuite('fastify-switching', 'Fastify', 'fastify
  * elsewhere.
  */
 const INTERLEAVED = ['stock', 'stock2', 'ours', 'bare', 'record', 'datadog'];
+/** The kinds `--kinds` chose for the interleaved suites (stock always among them), or null: INTERLEAVED. */
+let chosenKinds = null;
+
+/**
+ * Makes the interleaved suites run `kinds` (bench/lib/common.js,
+ * createManager; 'stock2' is the null test) instead of INTERLEAVED: each
+ * round prints every kind's ratio to stock on stderr, and rows of kinds
+ * left out print n/a. Throws on an unknown kind.
+ */
+function chooseInterleavedKinds(kinds) {
+  const known = ['stock2', ...INTERLEAVED, 'name', 'rootid', 'route', 'stamps', 'floor', 'store', 'write'];
+  for (const kind of kinds) if (!known.includes(kind)) throw new Error(`unknown kind ${kind} (one of ${[...new Set(known)].join(', ')})`);
+  chosenKinds = ['stock', ...new Set(kinds.filter((kind) => kind !== 'stock'))];
+}
 /** The manager kind a server of `kind` runs (bench/lib/common.js, createManager). */
 const managerOf = (kind) => (kind === 'stock2' ? 'stock' : kind);
 
@@ -485,7 +499,7 @@ function datadogRuns(node) {
 }
 
 /** The kinds the interleaved suites run on `node`. */
-const interleavedKinds = (node) => INTERLEAVED.filter((kind) => kind !== 'datadog' || datadogRuns(node));
+const interleavedKinds = (node) => (chosenKinds ?? INTERLEAVED).filter((kind) => kind !== 'datadog' || datadogRuns(node));
 
 /** `items` in a random order whose first item is not `notFirst` (when it has another). */
 function shuffled(items, notFirst) {
@@ -936,4 +950,4 @@ const SUITES = [
   workers,
 ];
 
-module.exports = { SUITES };
+module.exports = { SUITES, chooseInterleavedKinds };
