@@ -149,6 +149,8 @@ const truncationCases = [
   ['4-byte characters', '😀'.repeat(70), '😀'.repeat(63)], // 280 bytes -> 252
   ['ASCII', 'a'.repeat(400), 'a'.repeat(255)],
   ['exactly 255 bytes', 'b'.repeat(255), 'b'.repeat(255)],
+  ['ASCII, then a 2-byte character at the cut', 'c'.repeat(254) + 'é', 'c'.repeat(254)], // 256 bytes -> 254
+  ['ASCII, then a 2-byte character that fits', 'd'.repeat(253) + 'é', 'd'.repeat(253) + 'é'], // 255 bytes
 ];
 for (const [name, value, expected] of truncationCases) {
   test(`values over 255 bytes are cut on a UTF-8 boundary: ${name}`, () => {
@@ -160,6 +162,15 @@ for (const [name, value, expected] of truncationCases) {
     });
   });
 }
+
+test('text with a character outside ASCII anywhere is published as its UTF-8 bytes', () => {
+  for (const value of ['/orders/ünïcode', 'prefix-€', 'é-first', 'emoji 😀 inside']) {
+    tracer.startActiveSpan('text', { attributes: { 'x.text': value } }, (span) => {
+      assert.strictEqual(published().attributes['x.text'], value);
+      span.end();
+    });
+  }
+});
 
 test('the record never exceeds 640 bytes', () => {
   const attributes = Object.fromEntries(LONG_KEYS.map((k) => [k, 'z'.repeat(300)]));
