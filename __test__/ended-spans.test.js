@@ -82,3 +82,39 @@ test('an outer span ended inside a nested with() is not published when it return
   assert.deepStrictEqual(seen, { before: outer.spanContext().spanId, during: inner.spanContext().spanId, after: null });
   inner.end();
 });
+
+/** A full GC, with or without --expose-gc. */
+function collectGarbage() {
+  if (typeof globalThis.gc === 'function') return globalThis.gc();
+  require('node:v8').setFlagsFromString('--expose-gc');
+  return require('node:vm').runInNewContext('gc')();
+}
+
+test('ended spans waiting to be exported keep none of our records alive', async () => {
+  const binding = require('../js/binding');
+  const tracer = new BasicTracerProvider().getTracer('queued');
+  const settle = async () => {
+    for (let i = 0; i < 10; i++) {
+      collectGarbage();
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+  };
+  await settle();
+  const before = binding.spanRecordSlabs();
+  // What a batch span processor holds until its next export: ended spans,
+  // and none of the contexts they ran in.
+  const queued = [];
+  for (let i = 0; i < 5000; i++) {
+    tracer.startActiveSpan(`queued span ${i}`, { attributes: { 'http.route': `/queued/${i % 7}` } }, (span) => {
+      tracer.startActiveSpan('child', (child) => child.end());
+      span.end();
+      queued.push(span);
+    });
+  }
+  // Their records alone would fill dozens of slabs.
+  await settle();
+  const left = binding.spanRecordSlabs() - before;
+  assert.ok(left <= 2, `slabs still alive: ${left}`);
+  assert.strictEqual(queued.length, 5000);
+  assert.ok(queued.every((span) => span.ended), 'the spans themselves are kept');
+});

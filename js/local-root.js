@@ -76,6 +76,8 @@ function stampedRoot(span) {
 
 /** A span's record (./span-records.js), or null/undefined: set by configure(). */
 let recordOfSpan = () => undefined;
+/** The active context's record (./span-records.js), or null: set by configure(). */
+let activeRecord = () => null;
 
 /** The LocalRoot `span` already has, stamped or held by its record, else undefined. */
 function heldRoot(span) {
@@ -298,21 +300,25 @@ function localRootOf(span, parentSpan) {
 
 /**
  * The LocalRoot of a span being given its first record, found as
- * localRootOf() finds it but kept in the record only: the active span's
- * record says which tree it belongs to (its `root`) and its id (`spanId`)
- * without asking the span.
+ * localRootOf() finds it but kept in the record only: the active context's
+ * record says which tree its span belongs to (its `root`) and the span's id
+ * (`spanId`) without asking the span, after the span ended too.
  */
 function localRootForRecord(span) {
   const stamped = stampedRoot(span);
   if (stamped !== undefined) return stamped;
   const parentId = parentIdOf(span);
   if (parentId !== null) {
-    const candidate = trace.getSpan(contextApi.active());
-    if (typeof candidate === 'object' && candidate !== null && candidate !== span) {
-      const record = recordOfSpan(candidate);
-      if (record !== undefined && record !== null && record.root !== null) {
-        if (record.spanId === parentId || sameId(String(record.spanId).toLowerCase(), parentId)) return join(span, record.root);
-      } else if (typeof candidate.spanContext === 'function' && sameId(spanIdOf(candidate), parentId)) {
+    const record = activeRecord();
+    if (record !== null && record.root !== null) {
+      if (record.span !== span && (record.spanId === parentId || sameId(String(record.spanId).toLowerCase(), parentId))) {
+        return join(span, record.root);
+      }
+    } else {
+      // The active context has no record of ours with a tree (the manager
+      // began publishing inside it): ask its span.
+      const candidate = trace.getSpan(contextApi.active());
+      if (typeof candidate === 'object' && candidate !== null && candidate !== span && typeof candidate.spanContext === 'function' && sameId(spanIdOf(candidate), parentId)) {
         return join(span, localRootOf(candidate, null));
       }
     }
@@ -357,13 +363,15 @@ function spanStarted(span, parentContext) {
 }
 
 /**
- * Sets the endpoint keys (a new publishing schema), the change listener
- * and how a span's record is found (`recordOf(span)`: it, or null/undefined).
+ * Sets the endpoint keys (a new publishing schema), the change listener,
+ * how a span's record is found (`recordOf(span)`: it, or null/undefined)
+ * and the active context's (`activeRecordNow()`: it, or null).
  */
-function configure(keys, onChange, recordOf) {
+function configure(keys, onChange, recordOf, activeRecordNow) {
   endpointKeys = keys;
   changed = onChange;
   recordOfSpan = recordOf;
+  activeRecord = activeRecordNow;
 }
 
 module.exports = { localRootOf, localRootForRecord, knownLocalRoot, spanStarted, spanEnded, configure, attributeText };

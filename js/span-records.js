@@ -19,7 +19,10 @@
 //   slab's memory goes back to the addon (src/span_slab.rs) when its
 //   buffer's finalizer runs, once nothing references it;
 // - nothing observable is added to spans or contexts: a span's record is
-//   held in a private field (./hidden-state.js).
+//   held in a private field (./hidden-state.js) until the span ends. Then
+//   the field lets go of it: an ended span waits in the SDK's export queue
+//   long enough to be promoted, and whatever it holds is copied and marked
+//   with it. A context that held the span keeps its record (ended, invalid).
 
 const { diag } = require('@opentelemetry/api');
 const abi = require('./abi');
@@ -392,9 +395,14 @@ function spanEnded(span) {
     // Not an object: nothing was published for it.
     return;
   }
-  const published = record !== undefined && record !== null;
-  localRoot.spanEnded(span, published ? record.root : undefined);
-  if (published && !record.ended) end(record);
+  if (record === undefined || record === null) {
+    localRoot.spanEnded(span, undefined);
+    return;
+  }
+  localRoot.spanEnded(span, record.root);
+  if (!record.ended) end(record);
+  // The span publishes nothing from now on, as its ended record did.
+  records.set(span, null);
 }
 
 /**
@@ -494,10 +502,30 @@ function recordOfKnown(span) {
   return records.get(span);
 }
 
-/** Sets the publishing manager's schema (null: none, or no manager publishing). */
-function configure(nextSchema) {
+/** The publishing manager's AsyncLocalStorage store now (a wrapper or a record store), or undefined. */
+let activeStore = () => undefined;
+
+/**
+ * The record of the context active now, as the publishing mode stored it
+ * (a frame wrapper's or a record store's `record`), or null: a new span's
+ * parent is usually that context's span, and its record knows the tree
+ * even once the parent ended. May throw (a store put there by other code).
+ */
+function activeRecord() {
+  const store = activeStore();
+  if (typeof store !== 'object' || store === null) return null;
+  const record = store.record;
+  return record instanceof SpanRecord ? record : null;
+}
+
+/**
+ * Sets the publishing manager's schema (null: none, or no manager
+ * publishing) and how its active store is read (`storeNow()`).
+ */
+function configure(nextSchema, storeNow = () => undefined) {
   schema = nextSchema;
-  localRoot.configure(schema === null ? [] : schema.endpointKeys, endpointChanged, recordOfKnown);
+  activeStore = storeNow;
+  localRoot.configure(schema === null ? [] : schema.endpointKeys, endpointChanged, recordOfKnown, activeRecord);
 }
 
 module.exports = {

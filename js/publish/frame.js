@@ -218,7 +218,8 @@ function availability(storage) {
  */
 function activate(manager) {
   const { cpedOffset, recordOffset } = discovered.offsets;
-  spanRecords.configure(manager._attributeSchema);
+  const storage = manager._asyncLocalStorage;
+  spanRecords.configure(manager._attributeSchema, () => storage.getStore());
   view.clear();
   binding.setClearOnIdle(true);
   binding.framePublish(manager._asyncLocalStorage, cpedOffset, recordOffset);

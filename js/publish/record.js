@@ -236,7 +236,8 @@ function republish(record) {
 /** Makes `manager` (record mode) the thread's publisher. */
 function activate(manager) {
   schema = manager._attributeSchema;
-  spanRecords.configure(schema);
+  const storage = manager._asyncLocalStorage;
+  spanRecords.configure(schema, () => storage.getStore());
   continuations.activate(manager, publishStore);
   binding.setClearOnIdle(true);
   publishStore(manager._asyncLocalStorage.getStore());
