@@ -134,8 +134,8 @@ test('bench/run.js --quick runs the interleaved suites: one server process per m
   }
 });
 
-test('bench/run.js --kinds runs the interleaved suites with the managers chosen, stock always among them', () => {
-  const { stdout, results } = runBench(['--rounds', '1', '--only', 'http-interleaved', '--scale', '0.2', '--kinds', 'name,rootid,route,stamps'], 180000);
+test('bench/run.js --kinds runs the interleaved suites with the managers chosen, stock always among them (here with --export otlp)', () => {
+  const { stdout, results } = runBench(['--rounds', '1', '--only', 'http-interleaved', '--scale', '0.2', '--kinds', 'name,rootid,route,stamps', '--export', 'otlp'], 180000);
   const [round] = results['http-interleaved'][process.versions.node].rounds;
   assert.deepStrictEqual(Object.keys(round).sort(), ['name', 'rootid', 'route', 'stamps', 'stock']);
   for (const kind of ['name', 'rootid', 'route', 'stamps']) {

@@ -34,13 +34,16 @@ const USAGE = `usage: node bench/run.js [options]
   --rounds N         rounds per benchmark (default: per benchmark, 5-7)
   --scale F          multiply every iteration count by F (default 1)
   --json FILE        where to write the results (default bench/results/latest.json)
+  --export otlp      traced servers serialize every batch of spans to OTLP
+                     protobuf, as an exporter does before sending (default:
+                     spans are counted and dropped)
   --kinds a,b        the managers the interleaved suites run (default
                      stock,stock2,ours,bare,record,datadog); also name, rootid,
                      route (one identity attribute each) and stamps (stock plus
                      a private field per context and span)`;
 
 function parseArgs(argv) {
-  const opts = { quick: false, only: null, nodes: [], rounds: null, scale: 1, json: null, kinds: null };
+  const opts = { quick: false, only: null, nodes: [], rounds: null, scale: 1, json: null, kinds: null, export: 'drop' };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     const value = () => {
@@ -66,6 +69,10 @@ function parseArgs(argv) {
       case '--json':
         opts.json = value();
         break;
+      case '--export':
+        opts.export = value();
+        if (opts.export !== 'otlp' && opts.export !== 'drop') fail('--export must be otlp or drop');
+        break;
       case '--kinds':
         opts.kinds = value().split(',').filter(Boolean);
         break;
@@ -81,6 +88,9 @@ function parseArgs(argv) {
   if (opts.only) {
     for (const name of opts.only) if (!SUITES.some((s) => s.name === name)) fail(`unknown benchmark ${name}`);
   }
+  // The servers are child processes: they read it from their environment.
+  if (opts.export === 'otlp') process.env.OTEL_BENCH_EXPORT = 'otlp';
+  else delete process.env.OTEL_BENCH_EXPORT;
   if (opts.kinds !== null) {
     try {
       chooseInterleavedKinds(opts.kinds);

@@ -175,11 +175,19 @@ function traceService(manager, instrumentations) {
   const exporter = {
     export(spans, done) {
       exported += spans.length;
+      if (serialize !== null && serialize(spans).length === 0) throw new Error('the OTLP serializer wrote nothing');
       done({ code: 0 });
     },
     shutdown: () => Promise.resolve(),
     forceFlush: () => Promise.resolve(),
   };
+  // OTEL_BENCH_EXPORT=otlp: each batch is serialized as an OTLP exporter
+  // does before sending (every span's name, attributes and ids read and
+  // encoded), and the bytes dropped; otherwise the spans are only counted.
+  const serialize =
+    process.env.OTEL_BENCH_EXPORT === 'otlp'
+      ? (spans) => require('@opentelemetry/otlp-transformer').ProtobufTraceSerializer.serializeRequest(spans) ?? []
+      : null;
   const kinds = Array.isArray(manager) ? manager.filter(runsHere) : [manager];
   const created = (kind) => (kinds.length > 1 ? shareStorage(createManager(kind)) : createManager(kind));
   const managers = new Map(kinds.map((kind) => [kind, created(kind)]));
