@@ -7,7 +7,7 @@ const assert = require('node:assert');
 const { context, trace } = require('@opentelemetry/api');
 const { BasicTracerProvider } = require('@opentelemetry/sdk-trace-base');
 const { ProfilingContextManager, ProcessContextSpanProcessor } = require('..');
-const { readOwnRecord } = require('./helpers');
+const { readOwnRecord, collectGarbage } = require('./helpers');
 
 const manager = new ProfilingContextManager();
 context.setGlobalContextManager(manager.enable());
@@ -82,13 +82,6 @@ test('an outer span ended inside a nested with() is not published when it return
   assert.deepStrictEqual(seen, { before: outer.spanContext().spanId, during: inner.spanContext().spanId, after: null });
   inner.end();
 });
-
-/** A full GC, with or without --expose-gc. */
-function collectGarbage() {
-  if (typeof globalThis.gc === 'function') return globalThis.gc();
-  require('node:v8').setFlagsFromString('--expose-gc');
-  return require('node:vm').runInNewContext('gc')();
-}
 
 test('ended spans waiting to be exported keep none of our records alive', async () => {
   const binding = require('../js/binding');

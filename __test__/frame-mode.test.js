@@ -11,7 +11,7 @@ const { context, ROOT_CONTEXT } = require('@opentelemetry/api');
 const { ProfilingContextManager, threadInfo, setSpanContext, clearSpanContext } = require('..');
 const binding = require('../js/binding');
 const { usesAsyncContextFrame } = require('../js/publish/frame');
-const { ROOT, readOwnRecord, readRecord, readFromOutside, spanContextFor, spawnNode, exited } = require('./helpers');
+const { ROOT, readOwnRecord, readRecord, readFromOutside, spanContextFor, spawnNode, exited, gcFunction, collectGarbage } = require('./helpers');
 
 const FRAME = usesAsyncContextFrame();
 /** The default this process runs with: OTEL_THREAD_CTX_MODE=record (a suite run in record mode) wins. */
@@ -171,13 +171,6 @@ test('the walk finds exactly the active span: nested, attach/dispose, bind, ende
   }
 });
 
-/** A full GC, with or without --expose-gc. */
-function collectGarbage() {
-  if (typeof globalThis.gc === 'function') return globalThis.gc();
-  require('node:v8').setFlagsFromString('--expose-gc');
-  return require('node:vm').runInNewContext('gc')();
-}
-
 test('span records are freed once nothing reaches them, and none is made per switch', frameOnly, async () => {
   const manager = new ProfilingContextManager({ mode: 'frame' });
   context.setGlobalContextManager(manager.enable());
@@ -204,13 +197,6 @@ test('span records are freed once nothing reaches them, and none is made per swi
     context.disable();
   }
 });
-
-/** V8's gc(), with or without --expose-gc (takes `{ type: 'minor' }` for a scavenge). */
-function gcFunction() {
-  if (typeof globalThis.gc === 'function') return globalThis.gc;
-  require('node:v8').setFlagsFromString('--expose-gc');
-  return require('node:vm').runInNewContext('gc');
-}
 
 test("choosing frame mode leaves the caller's AsyncContextFrame as it was (no probe keys copied into every later frame)", frameOnly, () => {
   const seen = runChild(`

@@ -265,4 +265,16 @@ function scratchDir(prefix) {
   return dir;
 }
 
-module.exports = { ROOT, scratchDir, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable, goTool, rawSamples };
+/** V8's gc(), with or without --expose-gc (takes `{ type: 'minor' }` for a scavenge). */
+function gcFunction() {
+  if (typeof globalThis.gc === 'function') return globalThis.gc;
+  require('node:v8').setFlagsFromString('--expose-gc');
+  return require('node:vm').runInNewContext('gc');
+}
+
+/** A full GC, with or without --expose-gc. */
+function collectGarbage() {
+  gcFunction()();
+}
+
+module.exports = { ROOT, gcFunction, collectGarbage, scratchDir, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable, goTool, rawSamples };

@@ -9,7 +9,7 @@ const assert = require('node:assert');
 const { context, trace, ROOT_CONTEXT } = require('@opentelemetry/api');
 const { BasicTracerProvider } = require('@opentelemetry/sdk-trace-base');
 const { ProfilingContextManager, ProcessContextSpanProcessor } = require('..');
-const { readFullRecord, ownRecordAddress, NO_RECORD } = require('./helpers');
+const { readFullRecord, ownRecordAddress, NO_RECORD, collectGarbage } = require('./helpers');
 const otelCtx = require('./fixtures/otel-ctx-reader');
 
 const ROUTE = 'http.route';
@@ -40,13 +40,6 @@ function published() {
 }
 
 const idOf = (span) => span.spanContext().spanId;
-
-/** A full GC, with or without --expose-gc. */
-function fullGc() {
-  if (typeof globalThis.gc === 'function') return globalThis.gc();
-  require('node:v8').setFlagsFromString('--expose-gc');
-  return require('node:vm').runInNewContext('gc')();
-}
 
 test('the default keys are in the key map before any span', () => {
   const keys = keyMap();
@@ -168,7 +161,7 @@ test('an ended local root span is not kept alive by the records of its tree', as
   // Out of every frame that could hold the root's context.
   await new Promise((resolve) => setImmediate(resolve));
   await new Promise((resolve) => setImmediate(resolve));
-  fullGc();
+  collectGarbage();
   assert.strictEqual(rootRef.deref(), undefined, 'the root span was collected');
   assert.ok(trace.getSpan(heldContext), 'while a context of its tree lives on');
 });
