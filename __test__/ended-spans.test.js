@@ -7,7 +7,7 @@ const assert = require('node:assert');
 const { context, trace } = require('@opentelemetry/api');
 const { BasicTracerProvider } = require('@opentelemetry/sdk-trace-base');
 const { ProfilingContextManager, ProcessContextSpanProcessor } = require('..');
-const { readOwnRecord, collectGarbage } = require('./helpers');
+const { readOwnRecord, collectUntilSettled } = require('./helpers');
 
 const manager = new ProfilingContextManager();
 context.setGlobalContextManager(manager.enable());
@@ -86,13 +86,7 @@ test('an outer span ended inside a nested with() is not published when it return
 test('ended spans waiting to be exported keep none of our records alive', async () => {
   const binding = require('../js/binding');
   const tracer = new BasicTracerProvider().getTracer('queued');
-  const settle = async () => {
-    for (let i = 0; i < 10; i++) {
-      collectGarbage();
-      await new Promise((resolve) => setImmediate(resolve));
-    }
-  };
-  await settle();
+  await collectUntilSettled();
   const before = binding.spanRecordSlabs();
   // What a batch span processor holds until its next export: ended spans,
   // and none of the contexts they ran in.
@@ -105,7 +99,7 @@ test('ended spans waiting to be exported keep none of our records alive', async 
     });
   }
   // Their records alone would fill dozens of slabs.
-  await settle();
+  await collectUntilSettled();
   const left = binding.spanRecordSlabs() - before;
   assert.ok(left <= 2, `slabs still alive: ${left}`);
   assert.strictEqual(queued.length, 5000);

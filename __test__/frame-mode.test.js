@@ -11,7 +11,7 @@ const { context, ROOT_CONTEXT } = require('@opentelemetry/api');
 const { ProfilingContextManager, threadInfo, setSpanContext, clearSpanContext } = require('..');
 const binding = require('../js/binding');
 const { usesAsyncContextFrame } = require('../js/publish/frame');
-const { ROOT, readOwnRecord, readRecord, readFromOutside, spanContextFor, spawnNode, exited, gcFunction, collectGarbage } = require('./helpers');
+const { ROOT, readOwnRecord, readRecord, readFromOutside, spanContextFor, spawnNode, exited, gcFunction, collectUntilSettled } = require('./helpers');
 
 const FRAME = usesAsyncContextFrame();
 /** The default this process runs with: OTEL_THREAD_CTX_MODE=record (a suite run in record mode) wins. */
@@ -175,13 +175,7 @@ test('span records are freed once nothing reaches them, and none is made per swi
   const manager = new ProfilingContextManager({ mode: 'frame' });
   context.setGlobalContextManager(manager.enable());
   try {
-    const settle = async () => {
-      for (let i = 0; i < 10; i++) {
-        collectGarbage();
-        await new Promise((r) => setImmediate(r));
-      }
-    };
-    await settle();
+    await collectUntilSettled();
     const before = binding.spanRecordSlabs();
     const held = spanContextFor('held');
     for (let i = 0; i < 2000; i++) context.with(held.ctx, () => {});
@@ -190,7 +184,7 @@ test('span records are freed once nothing reaches them, and none is made per swi
       const { ctx } = spanContextFor(`churn${i}`);
       context.with(ctx, () => {});
     }
-    await settle();
+    await collectUntilSettled();
     assert.ok(binding.spanRecordSlabs() - before < 100, `records left: ${binding.spanRecordSlabs() - before}`);
   } finally {
     manager.disable();

@@ -277,4 +277,15 @@ function collectGarbage() {
   gcFunction()();
 }
 
-module.exports = { ROOT, gcFunction, collectGarbage, scratchDir, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable, goTool, rawSamples };
+/**
+ * Full GCs with event-loop turns between them, so that finalizers V8 posts
+ * (external buffers', napi's) run and what they free is freed too.
+ */
+async function collectUntilSettled(rounds = 10) {
+  for (let i = 0; i < rounds; i++) {
+    collectGarbage();
+    await new Promise((resolve) => setImmediate(resolve));
+  }
+}
+
+module.exports = { ROOT, gcFunction, collectGarbage, collectUntilSettled, scratchDir, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable, goTool, rawSamples };
