@@ -95,8 +95,8 @@ impl Profiled {
                 }
             }
         }
-        for (i, &a) in s.user_stack.iter().enumerate() {
-            self.collector.user(model::lookup_address(i, a));
+        for a in model::addresses_to_name(&s) {
+            self.collector.user(a);
         }
         for &a in &s.kernel_stack {
             self.collector.kernel(a);
@@ -108,8 +108,12 @@ impl Profiled {
     pub fn js_naming(&self) -> String {
         match &self.js_frames {
             Ok(js) => format!(
-                "JavaScript frames named from V8's heap (layout from the metadata of {}), else from its perf map",
-                js.binary()
+                "JavaScript frames named from V8's heap (layout from the metadata of {}){}, else from its perf map",
+                js.binary(),
+                match js.inlining_unavailable() {
+                    None => ", with the functions optimized code inlined".to_string(),
+                    Some(reason) => format!(", without the functions optimized code inlined ({reason})"),
+                }
             ),
             Err(reason) => format!(
                 "V8's heap names no frames ({reason}): JavaScript frames named from the perf map only"

@@ -306,8 +306,8 @@ fn sample(
         for named in stacks.take(&mut s) {
             collector.user_named(named);
         }
-        for (i, &a) in s.user_stack.iter().enumerate() {
-            collector.user(model::lookup_address(i, a));
+        for a in model::addresses_to_name(&s) {
+            collector.user(a);
         }
         for &a in &s.kernel_stack {
             collector.kernel(a);
@@ -364,6 +364,10 @@ fn sample(
         .js_frames()
         .map(|js| (js.binary().to_string(), js.counts().clone()))
         .map_err(str::to_string);
+    let inlining_unavailable = stacks
+        .js_frames()
+        .ok()
+        .and_then(|js| js.inlining_unavailable().map(str::to_string));
     let names = collector.finish();
     let unread = samples.iter().filter(|s| s.pool_unread).count();
     let filled = threadpool::fill_from_same_item(&mut samples, &item_reads);
@@ -391,12 +395,25 @@ fn sample(
     }
     match &v8_naming {
         Ok((binary, counts)) => {
-            if names.v8_named > 0 || counts.interpreted > 0 {
+            if names.v8_named > 0 || counts.interpreted > 0 || counts.optimized > 0 {
                 notes.push(format!(
-                    "JavaScript frames named from V8's heap (layout from the metadata of {binary}): {} of {} JIT addresses, and {}",
+                    "JavaScript frames named from V8's heap (layout from the metadata of {binary}): {} (with {} they inlined), {} of {} other JIT addresses, and {}",
+                    count(counts.optimized, "frame of optimized code", "frames of optimized code"),
+                    count(counts.inlined, "frame of functions", "frames of functions"),
                     names.v8_named,
                     names.anonymous_frames,
                     count(counts.interpreted, "interpreted frame", "interpreted frames")
+                ));
+            }
+            if let Some(reason) = &inlining_unavailable {
+                notes.push(format!(
+                    "V8's metadata does not say what optimized code inlined ({reason}): such a frame is named by its own function only"
+                ));
+            }
+            if let Some(reason) = &counts.first_expand_failure {
+                notes.push(format!(
+                    "the tables of optimized code could not be read for {} (first: {reason}): named by their own function only",
+                    count(counts.not_expanded, "JIT frame", "JIT frames")
                 ));
             }
             if let Some(reason) = &counts.first_failure {

@@ -161,8 +161,10 @@ pub struct Sample {
     /// Frames of `user_stack` named as the sample arrived, by what ran in
     /// that very frame rather than by their address (an interpreted
     /// JavaScript function, whose address is V8's interpreter, shared by
-    /// all of them): index in `user_stack`, and the name.
-    pub frame_names: Vec<(usize, Arc<Frame>)>,
+    /// all of them; optimized code, with the functions it inlined there):
+    /// index in `user_stack`, and the frames it stands for, innermost
+    /// first.
+    pub frame_names: Vec<(usize, Arc<[Frame]>)>,
 }
 
 /// A thread's user registers and a copy of its stack from the stack

@@ -235,6 +235,16 @@ pub fn kernel_frames(s: &Sample, names: &Names) -> Vec<Frame> {
     frames
 }
 
+/// The lookup addresses of the user frames of `s` that its own frame
+/// names do not name, for the names collected by address.
+pub fn addresses_to_name(s: &Sample) -> impl Iterator<Item = u64> + '_ {
+    s.user_stack
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !s.frame_names.iter().any(|(named, _)| named == i))
+        .map(|(i, &a)| lookup_address(i, a))
+}
+
 /// The user frames of sample `s`, leaf first.
 pub fn user_frames(s: &Sample, names: &Names) -> Vec<Frame> {
     let mut frames: Vec<Frame> = s
@@ -250,10 +260,15 @@ pub fn user_frames(s: &Sample, names: &Names) -> Vec<Frame> {
                 .unwrap_or_else(|| unknown_frame(a))
         })
         .collect();
-    // What ran in a frame names it before its address does.
-    for (i, name) in &s.frame_names {
-        if let Some(frame) = frames.get_mut(*i) {
-            *frame = Frame::clone(name);
+    // What ran in a frame names it before its address does, and a frame
+    // of optimized code stands for the functions it inlined there too.
+    // Replaced from the outermost index in, so the indexes still to come
+    // are not moved.
+    let mut named: Vec<_> = s.frame_names.iter().collect();
+    named.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+    for (i, names) in named {
+        if *i < frames.len() && !names.is_empty() {
+            frames.splice(*i..*i + 1, names.iter().cloned());
         }
     }
     frames
@@ -478,6 +493,38 @@ mod tests {
     use super::fixtures::*;
     use super::*;
     use crate::kernel::RecordRead;
+
+    #[test]
+    fn frames_named_in_their_sample_replace_theirs_and_may_stand_for_several() {
+        let f = |name: &str| Frame {
+            name: name.into(),
+            module: "[jit]".into(),
+        };
+        let mut s = sample(Kind::OnCpu, 1, RecordRead::Null, &[0x10, 0x20, 0x30], 0);
+        s.frame_names = vec![
+            (
+                0,
+                std::sync::Arc::from([f("JS:leaf"), f("JS:middle"), f("JS:outer")]),
+            ),
+            (2, std::sync::Arc::from([f("JS:interpreted")])),
+        ];
+        let names: Vec<String> = user_frames(&s, &names())
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "JS:leaf",
+                "JS:middle",
+                "JS:outer",
+                "caller",
+                "JS:interpreted"
+            ]
+        );
+        // Only the frame named by address is left to name by address.
+        assert_eq!(addresses_to_name(&s).collect::<Vec<_>>(), [0x1f]);
+    }
 
     #[test]
     fn merges_identical_samples_and_names_everything() {

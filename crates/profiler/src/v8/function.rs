@@ -118,6 +118,21 @@ impl Resolver {
         let mut heap = Heap::new(memory, &self.meta, &mut self.map_types);
         let function = heap.typed("JSFunction", js_function, self.meta.js_function_types)?;
         let shared = heap.field(function, self.meta.js_function_shared)?;
+        self.shared(memory, shared)
+    }
+
+    /// A reader of the heap behind `memory` with this binary's layout.
+    pub fn heap<'a>(&'a mut self, memory: &'a dyn Memory) -> Heap<'a> {
+        Heap::new(memory, &self.meta, &mut self.map_types)
+    }
+
+    /// Names the SharedFunctionInfo the tagged word `shared` points to.
+    pub fn shared(
+        &mut self,
+        memory: &dyn Memory,
+        shared: u64,
+    ) -> Result<Arc<JsFunction>, HeapError> {
+        let mut heap = Heap::new(memory, &self.meta, &mut self.map_types);
         let sfi_type = self.meta.shared_function_info_type;
         let sfi = heap.typed("SharedFunctionInfo", shared, (sfi_type, sfi_type))?;
         if let Some(known) = self.functions.get(&shared) {
@@ -452,7 +467,7 @@ mod tests {
 /// callers.
 #[cfg(test)]
 pub(crate) mod fake {
-    use super::super::metadata::{StringFields, StringTags};
+    use super::super::metadata::{CodeLayout, OwnFunction, StringFields, StringTags};
     use super::*;
     use otel_thread_ctx_reader::memory::MemoryError;
 
@@ -468,6 +483,12 @@ pub(crate) mod fake {
     pub const BYTECODE_ARRAY_TYPE: u16 = 186;
     pub const ODDBALL_TYPE: u16 = 131;
     pub const SEQ_ONE_BYTE_TYPE: u16 = 8;
+    pub const CODE_TYPE: u16 = 187;
+    pub const INSTRUCTION_STREAM_TYPE: u16 = 192;
+    pub const PROTECTED_FIXED_ARRAY_TYPE: u16 = 193;
+    pub const SFI_WRAPPER_TYPE: u16 = 195;
+    pub const TRUSTED_BYTE_ARRAY_TYPE: u16 = 196;
+    pub const TRUSTED_WEAK_FIXED_ARRAY_TYPE: u16 = 199;
     pub const SEQ_TWO_BYTE_TYPE: u16 = 0;
     pub const CONS_ONE_BYTE_TYPE: u16 = 9;
 
@@ -519,6 +540,33 @@ pub(crate) mod fake {
                 sliced_parent: 16,
                 sliced_offset: 24,
                 thin_actual: 16,
+            },
+            code: Ok(code_layout()),
+        }
+    }
+
+    /// Node.js 24's code layout.
+    pub fn code_layout() -> CodeLayout {
+        CodeLayout {
+            instruction_stream_type: INSTRUCTION_STREAM_TYPE,
+            instruction_stream_header: 0x20,
+            code_type: CODE_TYPE,
+            code_instruction_start: Some(0x28),
+            code_instruction_size: Some(0x38),
+            code_stream_slots: vec![0x20],
+            position_table_slots: vec![0x8, 0x10],
+            deoptimization_data_slots: vec![0x8, 0x10],
+            byte_array_types: vec![TRUSTED_BYTE_ARRAY_TYPE],
+            deoptimization_data_types: vec![PROTECTED_FIXED_ARRAY_TYPE],
+            literal_array_types: vec![TRUSTED_WEAK_FIXED_ARRAY_TYPE],
+            baseline_data_types: vec![BYTECODE_ARRAY_TYPE],
+            inlined_function_count: 1,
+            literal_array: 3,
+            inlining_positions: 8,
+            own_function: OwnFunction::Wrapped {
+                index: 7,
+                wrapper_type: SFI_WRAPPER_TYPE,
+                shared_info: 8,
             },
         }
     }

@@ -114,6 +114,15 @@ impl<'m> Heap<'m> {
         Ok(t)
     }
 
+    /// The instance type a map (tagged) gives its objects.
+    pub fn map_type(&mut self, map: u64) -> Result<u16, HeapError> {
+        let map = untag(map).ok_or(HeapError::NotAnObject {
+            what: "map",
+            word: map,
+        })?;
+        self.map_instance_type(map)
+    }
+
     fn read_u16(&self, address: u64) -> Result<u16, HeapError> {
         let mut b = [0u8; 2];
         self.memory.read(address, &mut b)?;

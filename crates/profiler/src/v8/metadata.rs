@@ -239,6 +239,150 @@ pub struct Metadata {
 
     pub string_tags: StringTags,
     pub string_fields: StringFields,
+
+    /// How optimized code says which functions it inlined, or why this
+    /// binary's metadata cannot tell.
+    pub code: Result<CodeLayout, String>,
+}
+
+/// Which function a slot of the deoptimization data names the code's own
+/// function with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnFunction {
+    /// The SharedFunctionInfo itself (before V8 12.5).
+    Shared(u64),
+    /// A SharedFunctionInfoWrapper of that type, and its field holding the
+    /// SharedFunctionInfo (V8 12.5 on, where code lives in trusted space).
+    Wrapped {
+        index: u64,
+        wrapper_type: u16,
+        shared_info: u64,
+    },
+}
+
+/// Where V8 keeps what optimized code was compiled from: from the
+/// instructions back to their InstructionStream and its Code, and from the
+/// Code to its source position table (an offset in the instructions to a
+/// script position and the inlined function it belongs to) and its
+/// deoptimization data (the inlined functions and where they were called).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodeLayout {
+    pub instruction_stream_type: u16,
+    /// Bytes from an InstructionStream's address to its first instruction.
+    pub instruction_stream_header: u64,
+    pub code_type: u16,
+    /// The Code's own instruction start and size, where the metadata gives
+    /// them (V8 12 on); else the instructions start after the stream's
+    /// header and their end is not checked.
+    pub code_instruction_start: Option<u64>,
+    pub code_instruction_size: Option<u64>,
+    /// Slots of a Code that may hold its InstructionStream, its source
+    /// position table, its deoptimization data: the field the metadata
+    /// names, else the slots it may be among, told apart by type.
+    pub code_stream_slots: Vec<u64>,
+    pub position_table_slots: Vec<u64>,
+    pub deoptimization_data_slots: Vec<u64>,
+    /// Types of the byte arrays (position tables, inlining positions), of
+    /// deoptimization data, of its literal array, and of what baseline
+    /// code keeps where optimized code keeps its deoptimization data.
+    pub byte_array_types: Vec<u16>,
+    pub deoptimization_data_types: Vec<u16>,
+    pub literal_array_types: Vec<u16>,
+    pub baseline_data_types: Vec<u16>,
+    /// Slot indexes in the deoptimization data.
+    pub inlined_function_count: u64,
+    pub literal_array: u64,
+    pub inlining_positions: u64,
+    pub own_function: OwnFunction,
+}
+
+impl CodeLayout {
+    fn from_symbols(s: &Symbols, tagged_slot: u64) -> Result<CodeLayout, MetadataError> {
+        let slot_index = |name: &str| -> Result<u64, MetadataError> {
+            u64::try_from(s.require(name)?)
+                .map_err(|_| MetadataError::Unsupported(format!("v8dbg_{name} is negative")))
+        };
+        let types = |classes: &[&str]| -> Vec<u16> {
+            classes
+                .iter()
+                .filter_map(|c| s.instance_type(c).ok())
+                .collect()
+        };
+        let header = s.require_field("InstructionStream", "instruction_start")?;
+        let code_type = s.instance_type("Code")?;
+        // Before V8 12 the metadata names the Code's fields; since, only
+        // the fields around them: the slots between the map and the
+        // wrapper hold the position table and the deoptimization data.
+        let named = |field: &str| s.field("Code", field);
+        let (position_table_slots, deoptimization_data_slots) = match (
+            named("source_position_table")?,
+            named("deoptimization_data")?,
+        ) {
+            (Some(p), Some(d)) => (vec![p], vec![d]),
+            _ => {
+                let wrapper = s.require_field("Code", "wrapper")?;
+                let slots: Vec<u64> = (1..wrapper / tagged_slot)
+                    .map(|i| i * tagged_slot)
+                    .collect();
+                (slots.clone(), slots)
+            }
+        };
+        let code_stream_slots = match named("instruction_stream")? {
+            Some(f) => vec![f],
+            None => (1..8).map(|i| i * tagged_slot).collect(),
+        };
+        let own_function = match (
+            s.get("DeoptimizationDataSharedFunctionInfoIndex"),
+            s.get("DeoptimizationDataWrappedSharedFunctionInfoIndex"),
+        ) {
+            (Some(index), _) => OwnFunction::Shared(
+                u64::try_from(index)
+                    .map_err(|_| MetadataError::Unsupported("negative index".into()))?,
+            ),
+            (None, Some(index)) => OwnFunction::Wrapped {
+                index: u64::try_from(index)
+                    .map_err(|_| MetadataError::Unsupported("negative index".into()))?,
+                wrapper_type: s.instance_type("SharedFunctionInfoWrapper")?,
+                shared_info: s.require_field("SharedFunctionInfoWrapper", "shared_info")?,
+            },
+            (None, None) => {
+                return Err(MetadataError::Missing(
+                    "DeoptimizationData{,Wrapped}SharedFunctionInfoIndex".into(),
+                ))
+            }
+        };
+        let byte_array_types = types(&["ByteArray", "TrustedByteArray"]);
+        let deoptimization_data_types =
+            types(&["FixedArray", "TrustedFixedArray", "ProtectedFixedArray"]);
+        if byte_array_types.is_empty() || deoptimization_data_types.is_empty() {
+            return Err(MetadataError::Missing("type_{,Trusted}ByteArray__*".into()));
+        }
+        Ok(CodeLayout {
+            instruction_stream_type: s.instance_type("InstructionStream")?,
+            instruction_stream_header: header,
+            code_type,
+            code_instruction_start: named("instruction_start")?,
+            code_instruction_size: named("instruction_size")?,
+            code_stream_slots,
+            position_table_slots,
+            deoptimization_data_slots,
+            byte_array_types,
+            deoptimization_data_types,
+            literal_array_types: types(&[
+                "FixedArray",
+                "WeakFixedArray",
+                "TrustedFixedArray",
+                "TrustedWeakFixedArray",
+                "ProtectedFixedArray",
+                "ProtectedWeakFixedArray",
+            ]),
+            baseline_data_types: types(&["BytecodeArray", "InterpreterData"]),
+            inlined_function_count: slot_index("DeoptimizationDataInlinedFunctionCountIndex")?,
+            literal_array: slot_index("DeoptimizationDataLiteralArrayIndex")?,
+            inlining_positions: slot_index("DeoptimizationDataInliningPositionsIndex")?,
+            own_function,
+        })
+    }
 }
 
 /// The encodings every constant here is read with: a tagged pointer is
@@ -346,6 +490,8 @@ impl Metadata {
             fixed_array_data: s.require_field("FixedArray", "data")?,
             string_tags,
             string_fields,
+            code: CodeLayout::from_symbols(s, s.require("TaggedSize")? as u64)
+                .map_err(|e| e.to_string()),
         })
     }
 
@@ -436,6 +582,26 @@ pub(crate) mod tests {
             // Only Node.js 20 lacks the JSFunction subclass range.
             assert_eq!(
                 m.js_function_types.0 < m.js_function_types.1,
+                major >= 22,
+                "Node.js {major}"
+            );
+            // What optimized code inlined: Node.js 20's metadata names the
+            // Code's tables; later ones leave them to be told apart by type
+            // among the slots before the wrapper, and wrap the code's own
+            // function from V8 12.5 (Node.js 24) on.
+            let code = m
+                .code
+                .as_ref()
+                .unwrap_or_else(|e| panic!("Node.js {major}: {e}"));
+            let expected_slots: &[u64] = if major >= 22 { &[8, 16] } else { &[24] };
+            assert_eq!(code.position_table_slots, expected_slots, "Node.js {major}");
+            assert_eq!(
+                matches!(code.own_function, OwnFunction::Wrapped { .. }),
+                major >= 24,
+                "Node.js {major}"
+            );
+            assert_eq!(
+                code.code_instruction_size.is_some(),
                 major >= 22,
                 "Node.js {major}"
             );

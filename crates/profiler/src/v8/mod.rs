@@ -10,6 +10,7 @@
 //! binary lacks a constant, or an object read fails its checks, the frame
 //! is left to the perf map ([`crate::perf_map`]).
 
+pub mod code;
 pub mod function;
 pub mod heap;
 pub mod metadata;
@@ -26,6 +27,7 @@ use otel_thread_ctx_reader::elf::MappedFile;
 use otel_thread_ctx_reader::maps::{self, Mapping};
 use otel_thread_ctx_reader::memory::{Memory, ProcessMemory};
 
+use code::CodeFinder;
 pub use function::{JsFunction, Resolver};
 pub use metadata::{Metadata, MetadataError};
 
@@ -75,8 +77,16 @@ pub fn process_metadata(pid: i32, maps: &[Mapping]) -> Result<(String, Metadata)
 /// What naming from V8 did in a run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
-    /// JIT frames named from V8.
+    /// JIT frames named from V8 by the function in their slot (baseline
+    /// code, or optimized code whose tables could not be read).
     pub named: u64,
+    /// JIT frames of optimized code named from its Code object, and the
+    /// frames of the functions it inlined there, added to the stacks.
+    pub optimized: u64,
+    pub inlined: u64,
+    /// Optimized code whose tables could not be read, and the first reason.
+    pub not_expanded: u64,
+    pub first_expand_failure: Option<String>,
     /// Interpreted frames named from V8.
     pub interpreted: u64,
     /// JIT frames V8 could not name (left to the perf map), and the first
@@ -96,6 +106,10 @@ pub struct JsFrames {
     counts: Counts,
     /// Each function's frame, shared by the samples it names.
     frames: HashMap<usize, (Arc<JsFunction>, Arc<Frame>)>,
+    /// Optimized code and what it inlined, or why the binary cannot tell.
+    code: Result<CodeFinder, String>,
+    /// The frames one instruction of one Code stands for.
+    expansions: HashMap<(u64, u64), Arc<[Frame]>>,
 }
 
 impl JsFrames {
@@ -123,10 +137,13 @@ impl JsFrames {
         memory: Box<dyn Memory + Send>,
         maps: Vec<Mapping>,
     ) -> JsFrames {
+        let code = meta.code.clone().map(CodeFinder::new);
         JsFrames {
             pid,
             binary,
             memory,
+            code,
+            expansions: HashMap::new(),
             resolver: Resolver::new(meta),
             maps,
             refreshed: Instant::now(),
@@ -145,6 +162,16 @@ impl JsFrames {
     pub fn forget(&mut self) {
         self.resolver.forget();
         self.frames.clear();
+        self.expansions.clear();
+        if let Ok(code) = &mut self.code {
+            code.forget();
+        }
+    }
+
+    /// Why inlined functions are not named in this process, when the
+    /// binary's metadata cannot tell them.
+    pub fn inlining_unavailable(&self) -> Option<&str> {
+        self.code.as_ref().err().map(String::as_str)
     }
 
     pub fn counts(&self) -> &Counts {
@@ -207,33 +234,111 @@ impl JsFrames {
             let Some(fp) = fp else { continue };
             let address = crate::model::lookup_address(i, addr);
             match self.place(address) {
-                Place::Jit => match self.function_at(copy, fp) {
-                    Ok(function) => {
-                        self.counts.named += 1;
-                        named.by_address.push(NamedFrame {
-                            address,
-                            frame: self.frame_of(&function).as_ref().clone(),
-                            settled: i > 0,
-                        });
+                Place::Jit if self.code.is_ok() => match self.expand(address) {
+                    Ok(Some(frames)) => {
+                        self.counts.optimized += 1;
+                        self.counts.inlined += frames.len() as u64 - 1;
+                        named.by_frame.push((i, frames));
                     }
+                    Ok(None) => self.name_by_function(&mut named, copy, i, address, fp),
                     Err(reason) => {
-                        self.counts.unnamed += 1;
-                        self.counts.first_failure.get_or_insert(reason);
+                        self.counts.not_expanded += 1;
+                        self.counts.first_expand_failure.get_or_insert(reason);
+                        self.name_by_function(&mut named, copy, i, address, fp);
                     }
                 },
+                Place::Jit => self.name_by_function(&mut named, copy, i, address, fp),
                 // Most frames in the binary are native code: only those
                 // that pass every check of an interpreted frame are named,
                 // and the others are not failures.
                 Place::Binary => {
                     if let Some(function) = self.interpreted_function_at(copy, fp) {
                         self.counts.interpreted += 1;
-                        named.by_frame.push((i, self.frame_of(&function)));
+                        named
+                            .by_frame
+                            .push((i, Arc::from([self.frame_of(&function).as_ref().clone()])));
                     }
                 }
                 Place::Elsewhere => {}
             }
         }
         named
+    }
+
+    /// Names the JIT frame `i` (at lookup address `address`, frame
+    /// pointer `fp`) by the JSFunction in its slot, for the run.
+    fn name_by_function(
+        &mut self,
+        named: &mut JsNames,
+        copy: &StackCopy,
+        i: usize,
+        address: u64,
+        fp: u64,
+    ) {
+        match self.function_at(copy, fp) {
+            Ok(function) => {
+                self.counts.named += 1;
+                named.by_address.push(NamedFrame {
+                    address,
+                    frame: self.frame_of(&function).as_ref().clone(),
+                    settled: i > 0,
+                });
+            }
+            Err(reason) => {
+                self.counts.unnamed += 1;
+                self.counts.first_failure.get_or_insert(reason);
+            }
+        }
+    }
+
+    /// The frames optimized code at lookup address `address` stands for:
+    /// the functions inlined there, innermost first, then the code's own
+    /// function. None for baseline code, which keeps no function of its
+    /// own; an error when the address is not in code whose tables could be
+    /// read.
+    fn expand(&mut self, address: u64) -> Result<Option<Arc<[Frame]>>, String> {
+        let Ok(finder) = &mut self.code else {
+            return Err("no code layout".into());
+        };
+        let memory = self.memory.as_ref();
+        let info = finder
+            .code_at(&mut self.resolver.heap(memory), address)
+            .map_err(|e| e.to_string())?;
+        let Some(own) = info.own else {
+            return Ok(None);
+        };
+        let offset = address - info.instruction_start;
+        // Keyed by the code's own function and offset as well as its
+        // address: code freed and rebuilt at the same place is new code.
+        let key = (info.instruction_start ^ own.rotate_left(17), offset);
+        if let Some(frames) = self.expansions.get(&key) {
+            return Ok(Some(frames.clone()));
+        }
+        let inlining = info.at(offset)?;
+        let memory = self.memory.as_ref();
+        let mut functions = Vec::with_capacity(inlining.inlined.len() + 1);
+        for &(shared, _) in inlining.inlined.iter() {
+            let function = self
+                .resolver
+                .shared(memory, shared)
+                .map_err(|e| format!("an inlined function: {e}"))?;
+            functions.push(function);
+        }
+        let function = self
+            .resolver
+            .shared(memory, own)
+            .map_err(|e| format!("the code's own function: {e}"))?;
+        functions.push(function);
+        let frames: Vec<Frame> = functions
+            .iter()
+            .map(|f| self.frame_of(f).as_ref().clone())
+            .collect();
+        let frames: Arc<[Frame]> = frames.into();
+        if self.expansions.len() >= MAX_CACHED_FRAMES {
+            self.expansions.clear();
+        }
+        self.expansions.insert(key, frames.clone());
+        Ok(Some(frames))
     }
 
     /// The frame that names `function`, built once per function.
@@ -303,9 +408,11 @@ enum Place {
 pub struct JsNames {
     /// JIT frames: their addresses, named for the run.
     pub by_address: Vec<NamedFrame>,
-    /// Interpreted frames, named in this sample only (their address is the
-    /// interpreter's): index in the stack, and the name.
-    pub by_frame: Vec<(usize, Arc<Frame>)>,
+    /// Frames named in this sample only: interpreted ones (their address
+    /// is the interpreter's) and optimized code (what it inlined depends on
+    /// the instruction, and code space is reused): index in the stack, and
+    /// the frames it stands for, innermost first.
+    pub by_frame: Vec<(usize, Arc<[Frame]>)>,
 }
 
 /// The word at `fp + offset` in the stack copy.
@@ -401,6 +508,51 @@ mod tests {
     }
 
     #[test]
+    fn optimized_code_stands_for_the_functions_it_inlined() {
+        let mut h = FakeHeap::new();
+        let undefined = h.undefined;
+        let sfi = |h: &mut FakeHeap, name: &str| {
+            let name = h.one_byte(name);
+            h.function(name, undefined)
+        };
+        let (outer_function, outer) = sfi(&mut h, "outer");
+        let (_, middle) = sfi(&mut h, "middle");
+        let (_, leaf) = sfi(&mut h, "leaf");
+        let (_, start) = code::tests::optimized_code(&mut h, outer, middle, leaf);
+        let context = h.object(fake::FIXED_ARRAY_TYPE, 2);
+        let sp = 0x7ff0_0000;
+        let copy = copy_with_frames(sp, &[(sp + 0x100, context, outer_function)]);
+        // The fake heap is V8's code space here.
+        let maps = vec![Mapping {
+            perms: "r-xp".into(),
+            ..mapping(fake::BASE, fake::BASE + (1 << 20), 0, "")
+        }];
+        let mut js =
+            JsFrames::with_memory(1, "node".into(), fake::metadata(true), Box::new(h), maps);
+        // In the leaf (inlined twice over), in the middle function as a
+        // return address (looked up one byte before), in outer's own code.
+        let frames = [start + 40, start + 21, start + 2];
+        let fps = [Some(sp + 0x100); 3];
+        let named = js.name(&copy, &frames, &fps);
+        let names = |i: usize| -> Vec<String> {
+            named.by_frame[i].1.iter().map(|f| f.name.clone()).collect()
+        };
+        assert!(named.by_address.is_empty());
+        assert_eq!(
+            named.by_frame.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+        assert_eq!(names(0), ["JS:leaf", "JS:middle", "JS:outer"]);
+        assert_eq!(names(1), ["JS:middle", "JS:outer"]);
+        assert_eq!(names(2), ["JS:outer"]);
+        let c = js.counts();
+        assert_eq!(
+            (c.optimized, c.inlined, c.named, c.not_expanded),
+            (3, 3, 0, 0)
+        );
+    }
+
+    #[test]
     fn a_running_node_is_found_by_its_executable() {
         for (major, path) in super::metadata::tests::node_binaries() {
             let mut child = std::process::Command::new(&path)
@@ -466,7 +618,7 @@ mod tests {
         assert!(named.by_address.is_empty());
         assert_eq!(named.by_frame.len(), 1);
         assert_eq!(named.by_frame[0].0, 0);
-        assert_eq!(named.by_frame[0].1.name, "JS:slow");
+        assert_eq!(named.by_frame[0].1[0].name, "JS:slow");
         assert_eq!((js.counts().interpreted, js.counts().unnamed), (1, 0));
     }
 }
