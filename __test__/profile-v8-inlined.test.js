@@ -11,8 +11,8 @@ const test = require('node:test');
 const assert = require('node:assert');
 const fs = require('node:fs');
 const path = require('node:path');
-const { spawn } = require('node:child_process');
-const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
+const { spawn, spawnSync } = require('node:child_process');
+const { jsonLines, exited, profileUnavailable, scratchDir, goTool } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const TARGET = path.join(__dirname, 'fixtures', 'inlined-work.js');
@@ -24,6 +24,13 @@ const major = Number(process.versions.node.split('.')[0]);
 // function inlined there; V8's own stack traces take calls from the
 // deoptimization translations instead, which are not read yet.
 const todo = major >= 26 ? 'V8 14 positions most inlined calls in loops in the caller; translations are not read yet' : false;
+
+/** The 1-based lines of the fixture from the one holding `from` to the one holding `to`. */
+function linesOf(from, to) {
+  const text = fs.readFileSync(TARGET, 'utf8');
+  const line = (s) => text.slice(0, text.indexOf(s)).split('\n').length;
+  return [line(from), line(to)];
+}
 
 /** The frame's function name: `JS:<name>` without its place. */
 const fn = (frame) => frame.split(' ')[0];
@@ -79,5 +86,36 @@ test('profile: functions V8 inlined are named in CPU and wait stacks, without --
   await t.test('accuracy', { todo }, () => {
     assert.ok(burnNamed >= 0.99, report);
     assert.ok(waitNamed >= 0.95, report);
+  });
+
+  // Lines, as `go tool pprof` reads them: each function's frames are on
+  // its own lines, the inlined function where it ran, each caller at the
+  // line of its call.
+  const go = goTool();
+  await t.test('lines in pprof', { skip: go ? false : 'no Go toolchain: go tool pprof cannot read the profile' }, async () => {
+    const pb = path.join(tmp, 'profile.pb.gz');
+    const again = await profile(ids.pid, ['--duration', '2', '--off-cpu=all', '--format', 'pprof', '-o', pb], tmp);
+    assert.strictEqual(again.code, 0, again.stderr);
+    const raw = spawnSync(go, ['tool', 'pprof', '-raw', pb], { encoding: 'utf8' });
+    assert.strictEqual(raw.status, 0, raw.stderr);
+    const locations = raw.stdout.slice(raw.stdout.indexOf('Locations'));
+    const at = new Map();
+    for (const [, name, line] of locations.matchAll(/ (JS:\w+) \S+ \[jit\]:(\d+):/g)) {
+      if (!at.has(name)) at.set(name, new Set());
+      at.get(name).add(Number(line));
+    }
+    const expected = {
+      'JS:burnSmall': linesOf('function burnSmall(', 'return y;'),
+      'JS:burnLoop': [linesOf('x = burnSmall(x, i)', 'x = burnSmall(x, i)')[0], linesOf('x = burnSmall(x, i)', 'x = burnSmall(x, i)')[0]],
+      'JS:waitSmall': linesOf('return Atomics.wait(', 'return Atomics.wait('),
+      'JS:waitLoop': linesOf('if (waitSmall(ms)', 'if (waitSmall(ms)'),
+    };
+    for (const [name, [first, last]] of Object.entries(expected)) {
+      const lines = [...(at.get(name) ?? [])];
+      assert.ok(lines.length > 0, `${name} has no location with a line:\n${locations.slice(0, 3000)}`);
+      assert.ok(lines.every((l) => l >= first && l <= last), `${name} at lines ${lines.join(', ')}, not within ${first}-${last}`);
+    }
+    // The burning happens in the inner loop's line.
+    assert.ok(at.get('JS:burnSmall').has(linesOf('for (let k = 0', 'for (let k = 0')[0]), [...at.get('JS:burnSmall')].join(', '));
   });
 });

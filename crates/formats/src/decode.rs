@@ -124,6 +124,7 @@ impl<'a> Tables<'a> {
                     } else {
                         module.into()
                     },
+                    line: None,
                 });
                 continue;
             }
@@ -142,6 +143,7 @@ impl<'a> Tables<'a> {
                 frames.push(Frame {
                     name: name.into(),
                     module: self.string(f.filename_strindex)?.into(),
+                    line: u32::try_from(line.line).ok().filter(|&l| l > 0),
                 });
             }
         }
@@ -443,6 +445,8 @@ mod tests {
         p.start_unix_ns = 1_000_000_000;
         p.start_monotonic_ns = 500;
         p.duration_ns = 2_000_000_000;
+        // A JavaScript frame at a line comes back at it.
+        p.entries[0].frames[1].line = Some(7);
         let back = round_trip(&p, None).profile;
         assert_eq!(back.period_ns, p.period_ns);
         assert_eq!(back.hz, 100);

@@ -103,6 +103,7 @@ mod tests {
         let frame = |name: &str| otel_thread_ctx_profiler::symbolize::Frame {
             name: name.into(),
             module: "[kernel]".into(),
+            line: None,
         };
         names
             .kernel
@@ -139,6 +140,7 @@ mod tests {
         let frame = |name: &str, module: &str| otel_thread_ctx_profiler::symbolize::Frame {
             name: name.into(),
             module: module.into(),
+            line: None,
         };
         names
             .kernel
@@ -169,6 +171,7 @@ mod tests {
                 otel_thread_ctx_profiler::symbolize::Frame {
                     name: name.into(),
                     module: "[kernel]".into(),
+                    line: None,
                 },
             );
         }

@@ -45,7 +45,8 @@ pub const SPAN_ID_KEY: &str = "span_id";
 struct Dictionary {
     d: ProfilesDictionary,
     strings: HashMap<String, i32>,
-    functions: HashMap<Frame, i32>,
+    functions: HashMap<(String, String), i32>,
+    locations: HashMap<Frame, i32>,
     stacks: HashMap<Vec<i32>, i32>,
     links: HashMap<([u8; 16], [u8; 8]), i32>,
     attributes: HashMap<(String, String), i32>,
@@ -79,29 +80,41 @@ impl Dictionary {
         i
     }
 
-    fn location(&mut self, f: &Frame) -> i32 {
-        if let Some(&i) = self.functions.get(f) {
+    /// One function per name and module: the frames of one function at
+    /// different lines are locations of the same function.
+    fn function(&mut self, f: &Frame) -> i32 {
+        let key = (f.name.clone(), f.module.clone());
+        if let Some(&i) = self.functions.get(&key) {
             return i;
         }
         let name = self.string(&f.name);
         let filename = self.string(&f.module);
-        let function_index = self.d.function_table.len() as i32;
+        let i = self.d.function_table.len() as i32;
         self.d.function_table.push(Function {
             name_strindex: name,
             system_name_strindex: name,
             filename_strindex: filename,
             start_line: 0,
         });
+        self.functions.insert(key, i);
+        i
+    }
+
+    fn location(&mut self, f: &Frame) -> i32 {
+        if let Some(&i) = self.locations.get(f) {
+            return i;
+        }
+        let function_index = self.function(f);
         let i = self.d.location_table.len() as i32;
         self.d.location_table.push(Location {
             lines: vec![Line {
                 function_index,
-                line: 0,
+                line: f.line.map_or(0, i64::from),
                 column: 0,
             }],
             ..Default::default()
         });
-        self.functions.insert(f.clone(), i);
+        self.locations.insert(f.clone(), i);
         i
     }
 

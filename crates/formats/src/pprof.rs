@@ -91,6 +91,8 @@ mod proto {
     pub struct Line {
         #[prost(uint64, tag = "1")]
         pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
     }
 
     #[derive(Clone, PartialEq, Message)]
@@ -146,6 +148,9 @@ fn encode(p: &Profile, comments: &[String]) -> proto::Profile {
         sample_type.push(value_type("off_cpu", "nanoseconds", &mut strings));
     }
     let mut locations: HashMap<&Frame, u64> = HashMap::new();
+    // One function per name and module, one location per frame: the
+    // frames of one function at different lines share their function.
+    let mut functions: HashMap<(&str, &str), u64> = HashMap::new();
     let mut out = proto::Profile {
         period_type: Some(value_type("cpu", "nanoseconds", &mut strings)),
         period: p.period_ns as i64,
@@ -160,17 +165,26 @@ fn encode(p: &Profile, comments: &[String]) -> proto::Profile {
             .iter()
             .map(|f| {
                 *locations.entry(f).or_insert_with(|| {
+                    let function_id = *functions
+                        .entry((f.name.as_str(), f.module.as_str()))
+                        .or_insert_with(|| {
+                            let id = out.function.len() as u64 + 1;
+                            let name = strings.get(&f.name);
+                            out.function.push(proto::Function {
+                                id,
+                                name,
+                                system_name: name,
+                                filename: strings.get(&f.module),
+                            });
+                            id
+                        });
                     let id = out.location.len() as u64 + 1;
-                    let name = strings.get(&f.name);
-                    out.function.push(proto::Function {
-                        id,
-                        name,
-                        system_name: name,
-                        filename: strings.get(&f.module),
-                    });
                     out.location.push(proto::Location {
                         id,
-                        line: vec![proto::Line { function_id: id }],
+                        line: vec![proto::Line {
+                            function_id,
+                            line: f.line.map_or(0, i64::from),
+                        }],
                     });
                     id
                 })
@@ -303,6 +317,46 @@ mod tests {
         let off: i64 = d.sample.iter().map(|x| x.value[2]).sum();
         assert_eq!(off, 14_000);
         assert_eq!(s(d.comment[0]), "no perf map");
+    }
+
+    #[test]
+    fn one_function_at_two_lines_is_one_function_in_two_locations() {
+        let mut p = otel_thread_ctx_profiler::model::fixtures::profile();
+        let leaf = p.entries[0].frames[1].clone();
+        p.entries[0].frames[1].line = Some(3);
+        p.entries[1].frames[1] = Frame {
+            line: Some(9),
+            ..leaf.clone()
+        };
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&write(&p, &[])[..])
+            .read_to_end(&mut raw)
+            .unwrap();
+        let d = proto::Profile::decode(&raw[..]).unwrap();
+        let s = |i: i64| d.string_table[i as usize].as_str();
+        let lines: Vec<(u64, &str, i64)> = d
+            .location
+            .iter()
+            .flat_map(|l| &l.line)
+            .filter(|l| s(d.function[(l.function_id - 1) as usize].name) == leaf.name)
+            .map(|l| {
+                (
+                    l.function_id,
+                    s(d.function[(l.function_id - 1) as usize].name),
+                    l.line,
+                )
+            })
+            .collect();
+        let ids: std::collections::HashSet<u64> = lines.iter().map(|l| l.0).collect();
+        assert_eq!(ids.len(), 1, "{lines:?}");
+        let mut at: Vec<i64> = lines.iter().map(|l| l.2).collect();
+        at.sort();
+        // The fixture's other samples of it have no line (0 in pprof).
+        assert_eq!(at, [0, 3, 9]);
+        assert_eq!(
+            d.function.iter().filter(|f| s(f.name) == leaf.name).count(),
+            1
+        );
     }
 
     #[test]

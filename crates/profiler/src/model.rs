@@ -207,6 +207,7 @@ fn unknown_frame(addr: u64) -> Frame {
     Frame {
         name: format!("{addr:#x}"),
         module: "[unknown]".into(),
+        line: None,
     }
 }
 
@@ -412,6 +413,7 @@ pub mod fixtures {
         let f = |name: &str, module: &str| Frame {
             name: name.into(),
             module: module.into(),
+            line: None,
         };
         n.user.insert(0x10, f("leaf", "/bin/app"));
         n.user.insert(0x1f, f("caller", "/bin/app"));
@@ -499,6 +501,7 @@ mod tests {
         let f = |name: &str| Frame {
             name: name.into(),
             module: "[jit]".into(),
+            line: None,
         };
         let mut s = sample(Kind::OnCpu, 1, RecordRead::Null, &[0x10, 0x20, 0x30], 0);
         s.frame_names = vec![

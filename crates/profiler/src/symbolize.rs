@@ -24,6 +24,9 @@ pub struct Frame {
     /// The file, `[kernel]`, `[jit]` (JIT code V8 or its perf map named)
     /// or `[anon]`.
     pub module: String,
+    /// The line the frame was at in its script (1-based), where V8 says
+    /// (JavaScript frames of optimized code and the functions it inlined).
+    pub line: Option<u32>,
 }
 
 /// One JIT frame named from V8's heap ([`crate::v8`]).
@@ -144,6 +147,7 @@ impl Collector {
                         Frame {
                             name: name.clone(),
                             module: name.clone(),
+                            line: None,
                         },
                     );
                 }
@@ -153,6 +157,7 @@ impl Collector {
                         Frame {
                             name: format!("[unknown] {addr:#x}"),
                             module: "[unknown]".into(),
+                            line: None,
                         },
                     );
                 }
@@ -179,6 +184,7 @@ impl Collector {
                     Frame {
                         name,
                         module: path.to_string(),
+                        line: None,
                     },
                 );
             }
@@ -212,11 +218,13 @@ impl Collector {
                             Frame {
                                 name,
                                 module: "[jit]".into(),
+                                line: None,
                             }
                         }
                         None => Frame {
                             name: format!("[anon] {addr:#x}"),
                             module: "[anon]".into(),
+                            line: None,
                         },
                     };
                     names.user.insert(addr, frame);
@@ -229,6 +237,7 @@ impl Collector {
                         Frame {
                             name: "[unnamed JIT code]".into(),
                             module: "[anon]".into(),
+                            line: None,
                         },
                     );
                 }
@@ -256,6 +265,7 @@ impl Collector {
                     Frame {
                         name,
                         module: "[kernel]".into(),
+                        line: None,
                     },
                 );
             }
@@ -350,6 +360,7 @@ mod tests {
             frame: Frame {
                 name: name.into(),
                 module: "[jit]".into(),
+                line: None,
             },
             settled,
         };

@@ -806,6 +806,7 @@ mod tests {
         let f = |name: &str| Frame {
             name: name.into(),
             module: "/usr/bin/node".into(),
+            line: None,
         };
         n.user.insert(0x40, f("uv_cond_wait"));
         n.user.insert(0x4f, f("worker"));

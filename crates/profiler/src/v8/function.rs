@@ -47,9 +47,18 @@ pub struct JsFunction {
     pub url: String,
     /// 1-based line and column of the function's start, when known.
     pub position: Option<(u32, u32)>,
+    /// Its script's line ends, when they could be read: the line of a
+    /// position in the function ([`JsFunction::line_at`]).
+    pub line_ends: Option<Arc<[u32]>>,
 }
 
 impl JsFunction {
+    /// The 1-based line of `offset` (UTF-16 code units from the start of
+    /// the function's script).
+    pub fn line_at(&self, offset: u64) -> Option<u32> {
+        line_and_column(self.line_ends.as_deref()?, offset).map(|(line, _)| line)
+    }
+
     /// The frame's name in the form the perf map's entries are read in
     /// (see [`crate::perf_map::function_name`]): `JS:name url:line:column`.
     pub fn frame_name(&self) -> String {
@@ -200,7 +209,8 @@ fn read_function(
     let name = facts.name.filter(|n| !n.is_empty());
     Ok(JsFunction {
         name: name.unwrap_or_else(|| "(anonymous)".to_string()),
-        url: script.map(|s| s.url.clone()).unwrap_or_default(),
+        url: script.as_ref().map(|s| s.url.clone()).unwrap_or_default(),
+        line_ends: script.and_then(|s| s.line_ends.clone()),
         position,
     })
 }
@@ -449,12 +459,14 @@ mod tests {
             name: "burnCpuHot".into(),
             url: "/app/hot.js".into(),
             position: Some((1, 20)),
+            line_ends: None,
         };
         assert_eq!(f.frame_name(), "JS:burnCpuHot /app/hot.js:1:20");
         let anonymous = JsFunction {
             name: "(anonymous)".into(),
             url: "node:internal/main/run_main_module".into(),
             position: None,
+            line_ends: None,
         };
         assert_eq!(
             anonymous.frame_name(),

@@ -329,9 +329,20 @@ impl JsFrames {
             .shared(memory, own)
             .map_err(|e| format!("the code's own function: {e}"))?;
         functions.push(function);
+        // Each frame at its own place: the inlined functions at the
+        // positions the table gives, each caller at its call.
+        let offsets = inlining
+            .inlined
+            .iter()
+            .map(|&(_, offset)| offset)
+            .chain(std::iter::once(inlining.own_offset));
         let frames: Vec<Frame> = functions
             .iter()
-            .map(|f| self.frame_of(f).as_ref().clone())
+            .zip(offsets)
+            .map(|(f, offset)| Frame {
+                line: offset.and_then(|o| f.line_at(o)),
+                ..self.frame_of(f).as_ref().clone()
+            })
             .collect();
         let frames: Arc<[Frame]> = frames.into();
         if self.expansions.len() >= MAX_CACHED_FRAMES {
@@ -351,6 +362,7 @@ impl JsFrames {
         let frame = Arc::new(Frame {
             name: function.frame_name(),
             module: JIT_MODULE.into(),
+            line: None,
         });
         if self.frames.len() >= MAX_CACHED_FRAMES {
             self.frames.clear();
@@ -491,6 +503,7 @@ mod tests {
                 frame: Frame {
                     name: "JS:work".into(),
                     module: JIT_MODULE.into(),
+                    line: None,
                 },
                 settled: false,
             }]
@@ -510,10 +523,13 @@ mod tests {
     #[test]
     fn optimized_code_stands_for_the_functions_it_inlined() {
         let mut h = FakeHeap::new();
-        let undefined = h.undefined;
+        let source = h.one_byte("");
+        // Lines end at these offsets: 5 is on line 1, 50 on 3, 60 and 80
+        // on 4, 90 on 5.
+        let script = h.script("/app/x.js", source, Some(&[20, 40, 55, 85, 100]));
         let sfi = |h: &mut FakeHeap, name: &str| {
             let name = h.one_byte(name);
-            h.function(name, undefined)
+            h.function(name, script)
         };
         let (outer_function, outer) = sfi(&mut h, "outer");
         let (_, middle) = sfi(&mut h, "middle");
@@ -534,17 +550,24 @@ mod tests {
         let frames = [start + 40, start + 21, start + 2];
         let fps = [Some(sp + 0x100); 3];
         let named = js.name(&copy, &frames, &fps);
-        let names = |i: usize| -> Vec<String> {
-            named.by_frame[i].1.iter().map(|f| f.name.clone()).collect()
+        let names = |i: usize| -> Vec<(String, Option<u32>)> {
+            named.by_frame[i]
+                .1
+                .iter()
+                .map(|f| (f.name.clone(), f.line))
+                .collect()
         };
+        let at = |name: &str, line: u32| (format!("JS:{name} /app/x.js"), Some(line));
         assert!(named.by_address.is_empty());
         assert_eq!(
             named.by_frame.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
             [0, 1, 2]
         );
-        assert_eq!(names(0), ["JS:leaf", "JS:middle", "JS:outer"]);
-        assert_eq!(names(1), ["JS:middle", "JS:outer"]);
-        assert_eq!(names(2), ["JS:outer"]);
+        // Each function at its own line: the leaf where it runs, each
+        // caller at its call.
+        assert_eq!(names(0), [at("leaf", 5), at("middle", 4), at("outer", 3)]);
+        assert_eq!(names(1), [at("middle", 4), at("outer", 3)]);
+        assert_eq!(names(2), [at("outer", 1)]);
         let c = js.counts();
         assert_eq!(
             (c.optimized, c.inlined, c.named, c.not_expanded),
