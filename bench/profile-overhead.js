@@ -67,8 +67,20 @@ async function once(opts, profiled) {
         : spawn(READER, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     profiler.stdout.on('data', (d) => (stdout += d));
     profiler.stderr.on('data', (d) => (summary += d));
-    // Let it attach before the work starts.
-    await new Promise((r) => setTimeout(r, 1000));
+    // The work starts once the reader samples: `profile` says so after the
+    // kernel verified and attached its programs, which takes seconds;
+    // `sample` attaches as it starts.
+    if (opts.sampler === 'sample') await new Promise((r) => setTimeout(r, 1000));
+    else {
+      await new Promise((resolve, reject) => {
+        const check = () => {
+          if (summary.includes(': sampling pid ')) resolve();
+          else if (profiler.exitCode !== null) reject(new Error(`profile exited before sampling:\n${summary}`));
+          else setTimeout(check, 50);
+        };
+        check();
+      });
+    }
   }
   // The programs' counters, read until the profiler exits.
   const exited = profiler && new Promise((r) => profiler.once('exit', r));
@@ -80,7 +92,7 @@ async function once(opts, profiled) {
     const ps = await programs;
     if (ps.length) bpf = { runTimeNs: ps.reduce((t, p) => t + p.runTimeNs, 0), runs: ps.reduce((t, p) => t + p.runs, 0) };
   }
-  const own = summary.match(/([\d.]+) µs per sample \((\d+) samples\)/);
+  const own = summary.match(/([\d.]+) µs per sample \((\d+) samples?\)/);
   const truncated = summary.match(/truncated user stacks: ([^\n]*)/);
   const readerCpu = summary.match(/reader-cpu ([\d.]+) ([\d.]+)/);
   const result = { cpu: cpuTicks / 100, bpf, perSampleUs: own ? Number(own[1]) : null, samples: own ? Number(own[2]) : null, truncated: truncated?.[1] ?? null };

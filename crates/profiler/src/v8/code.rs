@@ -225,18 +225,33 @@ impl CodeFinder {
         Ok(info)
     }
 
+    /// Whether the stream at `stream` is still there and still `code`'s:
+    /// its header read at once, then the Code's link back.
     fn still_stream_of(&self, heap: &Heap<'_>, stream: u64, code: u64) -> bool {
-        let header = self.layout.instruction_stream_header;
-        let map_ok = heap.word(stream).ok() == self.stream_map;
-        map_ok
-            && (8..header)
-                .step_by(8)
-                .any(|slot| heap.word(stream + slot).ok() == Some(code))
-            && self
-                .layout
-                .code_stream_slots
-                .iter()
-                .any(|&slot| heap.word(code - 1 + slot).ok() == Some(stream | 1))
+        let mut header = [0u8; 64];
+        let len = (self.layout.instruction_stream_header as usize).min(header.len());
+        if heap.memory.read(stream, &mut header[..len]).is_err() {
+            return false;
+        }
+        let words: Vec<u64> = header[..len]
+            .chunks_exact(8)
+            .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or([0; 8])))
+            .collect();
+        if words.first().copied() != self.stream_map || !words.iter().skip(1).any(|&w| w == code) {
+            return false;
+        }
+        let slots = &self.layout.code_stream_slots;
+        let (Some(&first), Some(&last)) = (slots.iter().min(), slots.iter().max()) else {
+            return false;
+        };
+        let mut fields = vec![0u8; (last - first + 8) as usize];
+        if heap.memory.read(code - 1 + first, &mut fields).is_err() {
+            return false;
+        }
+        slots.iter().any(|&slot| {
+            let at = (slot - first) as usize;
+            fields[at..at + 8] == (stream | 1).to_ne_bytes()
+        })
     }
 
     /// Whether `word`, found where an InstructionStream would start, is
