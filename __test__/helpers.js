@@ -200,6 +200,16 @@ function exited(child, ms = 10000) {
  * Why `otel-thread-ctx profile` cannot run here, or null: `reader` is the
  * reader's path (null when it is not built).
  */
+/** Runs `reader profile --pid <pid> <args>` in `cwd`; resolves to its exit code and stderr. */
+function runProfile(reader, pid, args, cwd) {
+  return new Promise((resolve) => {
+    const child = spawn(reader, ['profile', '--pid', String(pid), ...args], { cwd, stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (d) => (stderr += d));
+    child.on('exit', (code) => resolve({ code, stderr }));
+  });
+}
+
 function profileUnavailable(reader) {
   if (reader === null) return 'the reader is not built (npm install builds it)';
   if (process.getuid() !== 0) return 'profile loads BPF programs: run the tests as root';
@@ -288,4 +298,4 @@ async function collectUntilSettled(rounds = 10) {
   }
 }
 
-module.exports = { ROOT, gcFunction, collectGarbage, collectUntilSettled, scratchDir, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable, goTool, rawSamples };
+module.exports = { ROOT, gcFunction, collectGarbage, collectUntilSettled, scratchDir, NO_RECORD, ownRecordAddress, readThreadRecord, readRunningThreadRecord, readFromOutside, readRecord, readPointer, readRecordVia, readOwnRecord, readFullRecord, spanContextFor, jsonLines, spawnNode, exited, profileUnavailable, runProfile, goTool, rawSamples };

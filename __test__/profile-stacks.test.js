@@ -10,21 +10,14 @@ const assert = require('node:assert');
 const fs = require('node:fs');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir, runProfile } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const FIXTURES = path.join(__dirname, 'fixtures');
 
 const skip = profileUnavailable(READER);
 
-function profile(pid, args, cwd) {
-  return new Promise((resolve) => {
-    const child = spawn(READER, ['profile', '--pid', String(pid), ...args], { cwd, stdio: ['ignore', 'ignore', 'pipe'] });
-    let stderr = '';
-    child.stderr.on('data', (d) => (stderr += d));
-    child.on('exit', (code) => resolve({ code, stderr }));
-  });
-}
+const profile = (pid, args, cwd) => runProfile(READER, pid, args, cwd);
 
 /** Folded lines as { thread, span, cpu ('[on-cpu]'/'[off-cpu]'), frames (root first), value }. */
 function folded(file) {

@@ -12,7 +12,7 @@ const assert = require('node:assert');
 const fs = require('node:fs');
 const path = require('node:path');
 const { spawn, spawnSync } = require('node:child_process');
-const { jsonLines, exited, profileUnavailable, scratchDir, goTool } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir, goTool, runProfile } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const TARGET = path.join(__dirname, 'fixtures', 'inlined-work.js');
@@ -35,14 +35,7 @@ function linesOf(from, to) {
 /** The frame's function name: `JS:<name>` without its place. */
 const fn = (frame) => frame.split(' ')[0];
 
-function profile(pid, args, cwd) {
-  return new Promise((resolve) => {
-    const child = spawn(READER, ['profile', '--pid', String(pid), ...args], { cwd, stdio: ['ignore', 'ignore', 'pipe'] });
-    let stderr = '';
-    child.stderr.on('data', (d) => (stderr += d));
-    child.on('exit', (code) => resolve({ code, stderr }));
-  });
-}
+const profile = (pid, args, cwd) => runProfile(READER, pid, args, cwd);
 
 /** Whether `callee` is named right above `caller` in the stack. */
 function calls(stack, caller, callee) {

@@ -11,7 +11,7 @@ const assert = require('node:assert');
 const fs = require('node:fs');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
-const { jsonLines, exited, profileUnavailable, scratchDir } = require('./helpers');
+const { jsonLines, exited, profileUnavailable, scratchDir, runProfile } = require('./helpers');
 
 const READER = require('../js/native').readerPath();
 const HOT_LOOP = path.join(__dirname, 'fixtures', 'hot-loop.js');
@@ -28,14 +28,7 @@ function expectedName(fn) {
   return `JS:${fn} ${HOT_LOOP}:${before.length}:${before.at(-1).length + 1}`;
 }
 
-function profile(pid, args, cwd) {
-  return new Promise((resolve) => {
-    const child = spawn(READER, ['profile', '--pid', String(pid), ...args], { cwd, stdio: ['ignore', 'ignore', 'pipe'] });
-    let stderr = '';
-    child.stderr.on('data', (d) => (stderr += d));
-    child.on('exit', (code) => resolve({ code, stderr }));
-  });
-}
+const profile = (pid, args, cwd) => runProfile(READER, pid, args, cwd);
 
 /** Profiles the hot loop run by `node` with `flags`; returns its on-CPU samples of the main thread and the summary. */
 async function profileHotLoop(t, node, flags, tmp) {

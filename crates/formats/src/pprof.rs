@@ -262,6 +262,15 @@ mod tests {
     use super::*;
     use std::io::Read;
 
+    /// The profile a gzipped pprof file holds.
+    fn decoded(gz: &[u8]) -> proto::Profile {
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(gz)
+            .read_to_end(&mut raw)
+            .unwrap();
+        proto::Profile::decode(&raw[..]).unwrap()
+    }
+
     #[test]
     fn round_trips_with_labels_and_sample_types() {
         let p = otel_thread_ctx_profiler::model::fixtures::profile();
@@ -328,11 +337,7 @@ mod tests {
             line: Some(9),
             ..leaf.clone()
         };
-        let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(&write(&p, &[])[..])
-            .read_to_end(&mut raw)
-            .unwrap();
-        let d = proto::Profile::decode(&raw[..]).unwrap();
+        let d = decoded(&write(&p, &[]));
         let s = |i: i64| d.string_table[i as usize].as_str();
         let lines: Vec<(u64, &str, i64)> = d
             .location
@@ -363,11 +368,7 @@ mod tests {
     fn pool_thread_samples_carry_the_thread_pool_label() {
         let mut p = otel_thread_ctx_profiler::model::fixtures::profile();
         p.entries[0].threadpool = true;
-        let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(&write(&p, &[])[..])
-            .read_to_end(&mut raw)
-            .unwrap();
-        let d = proto::Profile::decode(&raw[..]).unwrap();
+        let d = decoded(&write(&p, &[]));
         let s = |i: i64| d.string_table[i as usize].as_str();
         let pool = |x: &proto::Sample| {
             x.label

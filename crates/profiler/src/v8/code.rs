@@ -659,6 +659,28 @@ pub(crate) mod tests {
         h.function(name, undefined).1
     }
 
+    /// The SharedFunctionInfos of `outer`, `middle` and `leaf`.
+    fn three_functions(h: &mut FakeHeap) -> (u64, u64, u64) {
+        (sfi(h, "outer"), sfi(h, "middle"), sfi(h, "leaf"))
+    }
+
+    /// The Code holding `pc`, found by a new finder.
+    fn fresh_code_at(h: &FakeHeap, pc: u64) -> Result<Arc<CodeInfo>, HeapError> {
+        let meta: Metadata = fake::metadata(true);
+        let mut types = HashMap::new();
+        let mut finder = CodeFinder::new(meta.code.clone().unwrap());
+        let result = finder.code_at(&mut Heap::new(h, &meta, &mut types), pc);
+        result
+    }
+
+    fn word_at(h: &FakeHeap, addr: u64) -> u64 {
+        u64::from_ne_bytes(
+            h.bytes[(addr - fake::BASE) as usize..][..8]
+                .try_into()
+                .unwrap(),
+        )
+    }
+
     #[test]
     fn source_positions_decode_as_v8_packs_them() {
         assert_eq!(
@@ -693,11 +715,7 @@ pub(crate) mod tests {
     #[test]
     fn finds_the_code_of_an_instruction_and_what_it_inlined() {
         let mut h = FakeHeap::new();
-        let (own, middle, leaf) = (
-            sfi(&mut h, "outer"),
-            sfi(&mut h, "middle"),
-            sfi(&mut h, "leaf"),
-        );
+        let (own, middle, leaf) = three_functions(&mut h);
         let (code, start) = optimized_code(&mut h, own, middle, leaf);
         let meta: Metadata = fake::metadata(true);
         let mut types = HashMap::new();
@@ -753,56 +771,31 @@ pub(crate) mod tests {
     #[test]
     fn damaged_tables_are_errors_not_frames() {
         let mut h = FakeHeap::new();
-        let (own, middle, leaf) = (
-            sfi(&mut h, "outer"),
-            sfi(&mut h, "middle"),
-            sfi(&mut h, "leaf"),
-        );
+        let (own, middle, leaf) = three_functions(&mut h);
         let (code, start) = optimized_code(&mut h, own, middle, leaf);
-        let meta: Metadata = fake::metadata(true);
-        let mut types = HashMap::new();
-        let deopt = h.bytes[(code - 1 + 8 - fake::BASE) as usize..][..8].to_vec();
-        let deopt = u64::from_ne_bytes(deopt.try_into().unwrap());
+        let deopt = word_at(&h, code - 1 + 8);
         // An inlining that names itself as its own caller.
-        let inlining = u64::from_ne_bytes(
-            h.bytes[(deopt - 1 + 16 + 64 - fake::BASE) as usize..][..8]
-                .try_into()
-                .unwrap(),
-        );
+        let inlining = word_at(&h, deopt - 1 + 16 + 64);
         h.put(inlining - 1 + 16 + 16, position(80, Some(1)));
-        let mut finder = CodeFinder::new(meta.code.clone().unwrap());
-        let mut heap = Heap::new(&h, &meta, &mut types);
-        let info = finder.code_at(&mut heap, start + 40).unwrap();
+        let info = fresh_code_at(&h, start + 40).unwrap();
         assert!(info.at(40).unwrap_err().contains("cycle"));
         // An inlined function index past the literals.
         h.put_u32(inlining - 1 + 16 + 8, 9);
-        let mut finder = CodeFinder::new(meta.code.clone().unwrap());
-        let mut heap = Heap::new(&h, &meta, &mut types);
-        assert!(finder.code_at(&mut heap, start + 40).is_err());
+        assert!(fresh_code_at(&h, start + 40).is_err());
         // Deoptimization data of the wrong type.
         let not_deopt = h.object(fake::FIXED_ARRAY_TYPE, 2);
         h.set(code, 8, not_deopt);
-        let mut finder = CodeFinder::new(meta.code.clone().unwrap());
-        let mut heap = Heap::new(&h, &meta, &mut types);
-        assert!(finder.code_at(&mut heap, start + 40).is_err());
+        assert!(fresh_code_at(&h, start + 40).is_err());
     }
 
     #[test]
     fn baseline_code_keeps_no_function_of_its_own() {
         let mut h = FakeHeap::new();
-        let (own, middle, leaf) = (
-            sfi(&mut h, "outer"),
-            sfi(&mut h, "middle"),
-            sfi(&mut h, "leaf"),
-        );
+        let (own, middle, leaf) = three_functions(&mut h);
         let (code, start) = optimized_code(&mut h, own, middle, leaf);
         let bytecode = h.object(fake::BYTECODE_ARRAY_TYPE, 4);
         h.set(code, 8, bytecode);
-        let meta: Metadata = fake::metadata(true);
-        let mut types = HashMap::new();
-        let mut finder = CodeFinder::new(meta.code.clone().unwrap());
-        let mut heap = Heap::new(&h, &meta, &mut types);
-        let info = finder.code_at(&mut heap, start + 8).unwrap();
+        let info = fresh_code_at(&h, start + 8).unwrap();
         assert_eq!(info.own, None);
         assert_eq!(info.at(40).unwrap(), Inlining::default());
     }
