@@ -114,7 +114,8 @@ struct InliningPosition {
 /// What one Code object says of its instructions.
 #[derive(Debug, PartialEq, Eq)]
 pub struct CodeInfo {
-    /// The untagged address of its InstructionStream.
+    /// The Code (tagged) and the untagged address of its InstructionStream.
+    pub code: u64,
     stream: u64,
     pub instruction_start: u64,
     /// Its own function's SharedFunctionInfo (tagged), when the code keeps
@@ -380,6 +381,7 @@ impl CodeFinder {
         let l = self.layout.clone();
         let code_object = heap.typed("Code", code, (l.code_type, l.code_type))?;
         let mut info = CodeInfo {
+            code,
             stream,
             instruction_start: stream + l.instruction_stream_header,
             own: None,

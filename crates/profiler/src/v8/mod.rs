@@ -110,6 +110,18 @@ pub struct JsFrames {
     code: Result<CodeFinder, String>,
     /// The frames one instruction of one Code stands for.
     expansions: HashMap<(u64, u64), Arc<[Frame]>>,
+    /// The function of each baseline Code (by its address): V8 compiles
+    /// baseline code for one function, so once a settled frame named it,
+    /// its frames are named without reading their function again.
+    baseline: HashMap<u64, Arc<Frame>>,
+}
+
+/// What a JIT frame's Code says of it.
+enum Expanded {
+    /// Optimized code: the frames it stands for, innermost first.
+    Frames(Arc<[Frame]>),
+    /// Baseline code (no function of its own in the Code), by address.
+    Baseline(u64),
 }
 
 impl JsFrames {
@@ -144,6 +156,7 @@ impl JsFrames {
             memory,
             code,
             expansions: HashMap::new(),
+            baseline: HashMap::new(),
             resolver: Resolver::new(meta),
             maps,
             refreshed: Instant::now(),
@@ -163,6 +176,7 @@ impl JsFrames {
         self.resolver.forget();
         self.frames.clear();
         self.expansions.clear();
+        self.baseline.clear();
         if let Ok(code) = &mut self.code {
             code.forget();
         }
@@ -235,19 +249,40 @@ impl JsFrames {
             let address = crate::model::lookup_address(i, addr);
             match self.place(address) {
                 Place::Jit if self.code.is_ok() => match self.expand(address) {
-                    Ok(Some(frames)) => {
+                    Ok(Expanded::Frames(frames)) => {
                         self.counts.optimized += 1;
                         self.counts.inlined += frames.len() as u64 - 1;
                         named.by_frame.push((i, frames));
                     }
-                    Ok(None) => self.name_by_function(&mut named, copy, i, address, fp),
+                    Ok(Expanded::Baseline(code)) => match self.baseline.get(&code) {
+                        Some(frame) => {
+                            self.counts.named += 1;
+                            named.by_frame.push((i, Arc::from([Frame::clone(frame)])));
+                        }
+                        None => {
+                            if let Some(frame) =
+                                self.name_by_function(&mut named, copy, i, address, fp)
+                            {
+                                // Only a settled frame's function slot is
+                                // surely this code's function.
+                                if i > 0 {
+                                    if self.baseline.len() >= MAX_CACHED_FRAMES {
+                                        self.baseline.clear();
+                                    }
+                                    self.baseline.insert(code, frame);
+                                }
+                            }
+                        }
+                    },
                     Err(reason) => {
                         self.counts.not_expanded += 1;
                         self.counts.first_expand_failure.get_or_insert(reason);
                         self.name_by_function(&mut named, copy, i, address, fp);
                     }
                 },
-                Place::Jit => self.name_by_function(&mut named, copy, i, address, fp),
+                Place::Jit => {
+                    self.name_by_function(&mut named, copy, i, address, fp);
+                }
                 // Most frames in the binary are native code: only those
                 // that pass every check of an interpreted frame are named,
                 // and the others are not failures.
@@ -274,29 +309,32 @@ impl JsFrames {
         i: usize,
         address: u64,
         fp: u64,
-    ) {
+    ) -> Option<Arc<Frame>> {
         match self.function_at(copy, fp) {
             Ok(function) => {
                 self.counts.named += 1;
+                let frame = self.frame_of(&function);
                 named.by_address.push(NamedFrame {
                     address,
-                    frame: self.frame_of(&function).as_ref().clone(),
+                    frame: Frame::clone(&frame),
                     settled: i > 0,
                 });
+                Some(frame)
             }
             Err(reason) => {
                 self.counts.unnamed += 1;
                 self.counts.first_failure.get_or_insert(reason);
+                None
             }
         }
     }
 
     /// The frames optimized code at lookup address `address` stands for:
     /// the functions inlined there, innermost first, then the code's own
-    /// function. None for baseline code, which keeps no function of its
-    /// own; an error when the address is not in code whose tables could be
-    /// read.
-    fn expand(&mut self, address: u64) -> Result<Option<Arc<[Frame]>>, String> {
+    /// function; baseline code, which keeps no function of its own, by
+    /// its Code. An error when the address is not in code whose tables
+    /// could be read.
+    fn expand(&mut self, address: u64) -> Result<Expanded, String> {
         let Ok(finder) = &mut self.code else {
             return Err("no code layout".into());
         };
@@ -305,14 +343,14 @@ impl JsFrames {
             .code_at(&mut self.resolver.heap(memory), address)
             .map_err(|e| e.to_string())?;
         let Some(own) = info.own else {
-            return Ok(None);
+            return Ok(Expanded::Baseline(info.code));
         };
         let offset = address - info.instruction_start;
         // Keyed by the code's own function and offset as well as its
         // address: code freed and rebuilt at the same place is new code.
         let key = (info.instruction_start ^ own.rotate_left(17), offset);
         if let Some(frames) = self.expansions.get(&key) {
-            return Ok(Some(frames.clone()));
+            return Ok(Expanded::Frames(frames.clone()));
         }
         let inlining = info.at(offset)?;
         let memory = self.memory.as_ref();
@@ -349,7 +387,7 @@ impl JsFrames {
             self.expansions.clear();
         }
         self.expansions.insert(key, frames.clone());
-        Ok(Some(frames))
+        Ok(Expanded::Frames(frames))
     }
 
     /// The frame that names `function`, built once per function.
@@ -573,6 +611,44 @@ mod tests {
             (c.optimized, c.inlined, c.named, c.not_expanded),
             (3, 3, 0, 0)
         );
+    }
+
+    #[test]
+    fn baseline_code_is_named_by_the_function_a_settled_frame_of_it_had() {
+        let mut h = FakeHeap::new();
+        let undefined = h.undefined;
+        let function = |h: &mut FakeHeap, name: &str| {
+            let name = h.one_byte(name);
+            h.function(name, undefined)
+        };
+        let (baseline_function, own) = function(&mut h, "warm");
+        let (other_function, middle) = function(&mut h, "other");
+        let (code, start) = code::tests::optimized_code(&mut h, own, middle, middle);
+        let bytecode = h.object(fake::BYTECODE_ARRAY_TYPE, 4);
+        h.set(code, 8, bytecode);
+        let context = h.object(fake::FIXED_ARRAY_TYPE, 2);
+        let sp = 0x7ff0_0000;
+        let maps = vec![Mapping {
+            perms: "r-xp".into(),
+            ..mapping(fake::BASE, fake::BASE + (1 << 20), 0, "")
+        }];
+        let mut js =
+            JsFrames::with_memory(1, "node".into(), fake::metadata(true), Box::new(h), maps);
+        // An innermost frame first: named by its slot, for the address only.
+        let inner = copy_with_frames(sp, &[(sp + 0x100, context, other_function)]);
+        let named = js.name(&inner, &[start + 8], &[Some(sp + 0x100)]);
+        assert!(named.by_frame.is_empty());
+        assert_eq!(named.by_address[0].frame.name, "JS:other");
+        // A settled frame names the code.
+        let settled = copy_with_frames(sp, &[(sp + 0x100, context, baseline_function)]);
+        let named = js.name(&settled, &[0x10, start + 9], &[None, Some(sp + 0x100)]);
+        assert_eq!(named.by_address[0].frame.name, "JS:warm");
+        // From then on its frames are named by it, in their sample,
+        // whatever the slot holds (here, an innermost frame in a prologue).
+        let named = js.name(&inner, &[start + 20], &[Some(sp + 0x100)]);
+        assert!(named.by_address.is_empty());
+        assert_eq!(named.by_frame[0].0, 0);
+        assert_eq!(named.by_frame[0].1[0].name, "JS:warm");
     }
 
     #[test]
