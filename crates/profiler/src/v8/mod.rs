@@ -108,12 +108,13 @@ pub struct JsFrames {
     frames: HashMap<usize, (Arc<JsFunction>, Arc<Frame>)>,
     /// Optimized code and what it inlined, or why the binary cannot tell.
     code: Result<CodeFinder, String>,
-    /// The frames one instruction of one Code stands for.
-    expansions: HashMap<(u64, u64), Arc<[Frame]>>,
+    /// The frames one instruction of one Code stands for, by the Code,
+    /// its own function and the instruction's offset.
+    expansions: HashMap<(u64, u64, u64), Arc<[Frame]>>,
     /// The function of each baseline Code (by its address): V8 compiles
     /// baseline code for one function, so once a settled frame named it,
     /// its frames are named without reading their function again.
-    baseline: HashMap<u64, Arc<Frame>>,
+    baseline: HashMap<u64, Arc<[Frame]>>,
 }
 
 /// What a JIT frame's Code says of it.
@@ -255,9 +256,9 @@ impl JsFrames {
                         named.by_frame.push((i, frames));
                     }
                     Ok(Expanded::Baseline(code)) => match self.baseline.get(&code) {
-                        Some(frame) => {
+                        Some(frames) => {
                             self.counts.named += 1;
-                            named.by_frame.push((i, Arc::from([Frame::clone(frame)])));
+                            named.by_frame.push((i, frames.clone()));
                         }
                         None => {
                             if let Some(frame) =
@@ -269,7 +270,8 @@ impl JsFrames {
                                     if self.baseline.len() >= MAX_CACHED_FRAMES {
                                         self.baseline.clear();
                                     }
-                                    self.baseline.insert(code, frame);
+                                    self.baseline
+                                        .insert(code, Arc::from([Frame::clone(&frame)]));
                                 }
                             }
                         }
@@ -346,14 +348,13 @@ impl JsFrames {
             return Ok(Expanded::Baseline(info.code));
         };
         let offset = address - info.instruction_start;
-        // Keyed by the code's own function and offset as well as its
-        // address: code freed and rebuilt at the same place is new code.
-        let key = (info.instruction_start ^ own.rotate_left(17), offset);
+        // Keyed by the code's own function as well as the Code: code freed
+        // and rebuilt at the same place is new code.
+        let key = (info.code, own, offset);
         if let Some(frames) = self.expansions.get(&key) {
             return Ok(Expanded::Frames(frames.clone()));
         }
         let inlining = info.at(offset)?;
-        let memory = self.memory.as_ref();
         let mut functions = Vec::with_capacity(inlining.inlined.len() + 1);
         for &(shared, _) in inlining.inlined.iter() {
             let function = self
