@@ -459,13 +459,8 @@ impl CodeFinder {
             return Ok(info);
         }
         let literals_word = element(heap, l.literal_array)?;
-        let literals = heap.object("literal array", literals_word)?;
-        if !l.literal_array_types.contains(&literals.instance_type) {
-            return Err(HeapError::WrongType {
-                what: "literal array",
-                found: literals.instance_type,
-            });
-        }
+        let literals =
+            object_of_types(heap, "literal array", literals_word, &l.literal_array_types)?;
         let literal_count =
             heap.smi_field("literal array", literals, heap.meta.fixed_array_length)?;
         if literal_count < count as i64 {
@@ -481,13 +476,12 @@ impl CodeFinder {
                 .push(if w & 3 == 3 { w & !2 } else { w });
         }
         let positions_word = element(heap, l.inlining_positions)?;
-        let positions = heap.object("inlining positions", positions_word)?;
-        if !l.byte_array_types.contains(&positions.instance_type) {
-            return Err(HeapError::WrongType {
-                what: "inlining positions",
-                found: positions.instance_type,
-            });
-        }
+        let positions = object_of_types(
+            heap,
+            "inlining positions",
+            positions_word,
+            &l.byte_array_types,
+        )?;
         let bytes = read_bytes(heap, positions, "inlining positions")?;
         if !(bytes.len() as u64).is_multiple_of(INLINING_POSITION_BYTES) {
             return Err(invalid(
@@ -515,6 +509,24 @@ impl CodeFinder {
             });
         }
         Ok(info)
+    }
+}
+
+/// The object `word` points to, when its type is one of `types`.
+fn object_of_types(
+    heap: &mut Heap<'_>,
+    what: &'static str,
+    word: u64,
+    types: &[u16],
+) -> Result<Object, HeapError> {
+    let o = heap.object(what, word)?;
+    if types.contains(&o.instance_type) {
+        Ok(o)
+    } else {
+        Err(HeapError::WrongType {
+            what,
+            found: o.instance_type,
+        })
     }
 }
 
