@@ -300,6 +300,14 @@ fn add_profile(
                 }
             }
             events
+        } else if s.values.is_empty() {
+            // Events with times and no values (as the OpenTelemetry eBPF
+            // profiler sends them): the proto says each counts 1.
+            let one = ns(1)?;
+            s.timestamps_unix_nano
+                .iter()
+                .map(|&time| (time, one))
+                .collect()
         } else if s.timestamps_unix_nano.len() == s.values.len() {
             let mut events = Vec::with_capacity(s.values.len());
             for (&time, &v) in s.timestamps_unix_nano.iter().zip(&s.values) {
@@ -498,6 +506,38 @@ mod tests {
         assert_eq!(first.local_root_span_id(), Some("0707070707070707"));
         assert_eq!(first.endpoint().as_deref(), Some("/a"));
         assert!(!first.attributes.iter().any(|(k, _)| k == SPAN_ID_KEY));
+    }
+
+    #[test]
+    fn samples_with_times_and_no_values_count_one_each() {
+        let p = otel_thread_ctx_profiler::model::fixtures::profile();
+        let times = |d: &mut ProfilesData| {
+            let profile = &mut d.resource_profiles[0].scope_profiles[0].profiles[0];
+            let sample = &mut profile.samples[0];
+            sample.values.clear();
+            sample.timestamps_unix_nano = vec![1, 2, 3];
+        };
+        let first_events = |d: &ProfilesData| {
+            let mut out = Decoded::default();
+            decode(&d.encode_to_vec(), Path::new("x.otlp.pb"), &mut out).unwrap();
+            let first = out.profile.entries[0].clone();
+            assert_eq!(first.kind, Kind::OnCpu);
+            first.events
+        };
+        // CPU time in nanoseconds: 1 ns each.
+        let mut d = data(request(&p, resource(42), None));
+        times(&mut d);
+        assert_eq!(first_events(&d), [(1, 1), (2, 1), (3, 1)]);
+        // A count of samples: each is one sampling period.
+        let mut d = data(request(&p, resource(42), None));
+        times(&mut d);
+        let strings = &mut d.dictionary.as_mut().unwrap().string_table;
+        strings.push("count".into());
+        let count = (strings.len() - 1) as i32;
+        let profile = &mut d.resource_profiles[0].scope_profiles[0].profiles[0];
+        profile.sample_type.as_mut().unwrap().unit_strindex = count;
+        let period = p.period_ns;
+        assert_eq!(first_events(&d), [(1, period), (2, period), (3, period)]);
     }
 
     #[test]
