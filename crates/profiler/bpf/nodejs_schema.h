@@ -59,11 +59,28 @@ static __always_inline __u32 nodejs_block(const struct target *t, struct task_st
 	return status;
 }
 
+// A thread's published block, and a record's bytes, as the walk's
+// arguments: sized types, so the verifier checks each caller's memory
+// against them.
+struct node_block {
+	__u64 word[ABI_NODE_SIZE / 8];
+};
+struct record_bytes {
+	__u8 byte[ABI_RECORD_SIZE];
+};
+
 // From an AsyncContextFrame (tagged) to the record of the writer whose
-// block is `block`: steps 3 to 6 of the walk.
-static __always_inline __u32 walk_frame(const struct target *t, const __u64 *block, __u64 frame,
-					__u8 *dst)
+// block is `node`: steps 3 to 6 of the walk. A global function: the
+// verifier checks it once, for any arguments, not once per path of each
+// caller (the samplers, the pool's loop over isolates), which keeps
+// loading the programs fast.
+__attribute__((noinline)) __u32 walk_frame(const struct target *t, const struct node_block *node,
+					   __u64 frame, struct record_bytes *out)
 {
+	if (!t || !node || !out)
+		return NODE_WRONG_OBJECT;
+	const __u64 *block = node->word;
+	__u8 *dst = out->byte;
 	__u64 als_handle = block[ABI_NODE_OFFSET_ALS_HANDLE / 8];
 	__u32 hash = (__u32)block[ABI_NODE_OFFSET_ALS_IDENTITY_HASH / 8];
 	__u64 undefined = block[ABI_NODE_OFFSET_UNDEFINED_ADDR / 8];
@@ -239,5 +256,5 @@ static __always_inline __u32 read_nodejs_record(const struct target *t, struct t
 	__u64 frame = 0;
 	if (read_word(&frame, block[ABI_NODE_OFFSET_CPED_SLOT / 8]))
 		return RECORD_UNREADABLE;
-	return walk_frame(t, block, frame, dst);
+	return walk_frame(t, (const struct node_block *)block, frame, (struct record_bytes *)dst);
 }

@@ -311,7 +311,8 @@ static __always_inline int item_span(const struct target *t, const struct isolat
 		if (!frame)
 			break;
 		record[ABI_OFFSET_VALID] = 0;
-		status = walk_frame(t, block, frame, record);
+		status = walk_frame(t, (const struct node_block *)block, frame,
+				    (struct record_bytes *)record);
 		if (status == RECORD_READ || status == NODE_STORE_UNDEFINED || status == NODE_NO_FRAME)
 			break;
 	}
