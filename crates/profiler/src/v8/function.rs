@@ -752,6 +752,37 @@ mod heap_tests {
     use super::fake::*;
     use super::*;
 
+    /// Counts the reads made through it.
+    struct Counted<'a>(&'a FakeHeap, std::cell::Cell<u32>);
+
+    impl Memory for Counted<'_> {
+        fn read(
+            &self,
+            addr: u64,
+            buf: &mut [u8],
+        ) -> Result<(), otel_thread_ctx_reader::memory::MemoryError> {
+            self.1.set(self.1.get() + 1);
+            self.0.read(addr, buf)
+        }
+    }
+
+    #[test]
+    fn a_tagged_word_into_the_first_page_is_no_object_and_costs_no_read() {
+        let h = FakeHeap::new();
+        let memory = Counted(&h, Default::default());
+        let mut r = Resolver::new(metadata(true));
+        for word in [1, 5, 4095] {
+            assert!(matches!(
+                r.heap(&memory).object("x", word),
+                Err(HeapError::NotAnObject { .. })
+            ));
+        }
+        assert_eq!(memory.1.get(), 0);
+        // An object past it is read as ever.
+        assert!(r.heap(&memory).object("undefined", h.undefined).is_ok());
+        assert!(memory.1.get() > 0);
+    }
+
     #[test]
     fn names_a_function_from_its_scope_info_and_script() {
         let mut h = FakeHeap::new();

@@ -26,6 +26,10 @@ const CHUNK_BYTES: u64 = 16 * 1024;
 /// it (maps are few: a hundred or so per isolate for what is read here).
 const MAX_CACHED_MAPS: usize = 4096;
 
+/// Linux never maps a process's first page: a "pointer" into it (a Smi or
+/// a small integer that has the tag bit) is refused without a read.
+const NULL_PAGE: u64 = 4096;
+
 /// Why an object could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HeapError {
@@ -131,7 +135,9 @@ impl<'m> Heap<'m> {
 
     /// The object a tagged word points to.
     pub fn object(&mut self, what: &'static str, tagged: u64) -> Result<Object, HeapError> {
-        let address = untag(tagged).ok_or(HeapError::NotAnObject { what, word: tagged })?;
+        let address = untag(tagged)
+            .filter(|&a| a >= NULL_PAGE)
+            .ok_or(HeapError::NotAnObject { what, word: tagged })?;
         let map = self.word(address + self.meta.heap_object_map)?;
         let map = untag(map).ok_or(HeapError::NotAnObject { what, word: map })?;
         Ok(Object {
