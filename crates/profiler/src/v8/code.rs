@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use otel_thread_ctx_abi::node_schema::smi_value;
 
@@ -41,6 +42,13 @@ const PAGE: u64 = 4096;
 /// Most instructions and Code objects remembered; emptied past it.
 const MAX_CACHED_PCS: usize = 1 << 16;
 const MAX_CACHED_CODES: usize = 4096;
+
+/// How long a Code found still in its place is trusted before it is
+/// checked again. A check runs when a sample is processed, not when it
+/// was taken, so a name already rests on what was seen up to the ring's
+/// delay later; a sample of the same code within this window reuses the
+/// check instead of two more reads of the target per frame.
+const RECHECK_AFTER: Duration = Duration::from_millis(10);
 
 /// A SourcePosition, as V8 packs it in 64 bits: bit 0 says whether it is
 /// external (a line in another file, never in JavaScript code), bits 1-30
@@ -177,6 +185,9 @@ pub struct CodeFinder {
     /// each use.
     by_pc: HashMap<u64, (u64, u64)>,
     codes: HashMap<u64, Arc<CodeInfo>>,
+    /// Code (tagged) -> its stream and when it was last found in place.
+    checked: HashMap<u64, (u64, Instant)>,
+    recheck_after: Duration,
 }
 
 impl CodeFinder {
@@ -186,12 +197,15 @@ impl CodeFinder {
             stream_map: None,
             by_pc: HashMap::new(),
             codes: HashMap::new(),
+            checked: HashMap::new(),
+            recheck_after: RECHECK_AFTER,
         }
     }
 
     pub fn forget(&mut self) {
         self.by_pc.clear();
         self.codes.clear();
+        self.checked.clear();
     }
 
     /// The Code whose instructions hold `pc`.
@@ -199,12 +213,13 @@ impl CodeFinder {
         if let Some(&(stream, code)) = self.by_pc.get(&pc) {
             // V8 frees and moves code: the stream must still be there and
             // still be that Code's.
-            if let Some(info) = self.codes.get(&code) {
-                if info.stream == stream && self.still_stream_of(heap, stream, code) {
-                    return Ok(info.clone());
+            if let Some(info) = self.codes.get(&code).cloned() {
+                if info.stream == stream && self.still_in_place(heap, stream, code) {
+                    return Ok(info);
                 }
             }
             self.by_pc.remove(&pc);
+            self.checked.remove(&code);
         }
         let (stream, code) = self.find_stream(heap, pc)?;
         let info = match self.codes.get(&code) {
@@ -214,6 +229,7 @@ impl CodeFinder {
                 if self.codes.len() >= MAX_CACHED_CODES {
                     self.codes.clear();
                     self.by_pc.clear();
+                    self.checked.clear();
                 }
                 self.codes.insert(code, info.clone());
                 info
@@ -223,7 +239,23 @@ impl CodeFinder {
             self.by_pc.clear();
         }
         self.by_pc.insert(pc, (stream, code));
+        self.checked.insert(code, (stream, Instant::now()));
         Ok(info)
+    }
+
+    /// still_stream_of(), or its answer from less than `recheck_after` ago.
+    fn still_in_place(&mut self, heap: &Heap<'_>, stream: u64, code: u64) -> bool {
+        let now = Instant::now();
+        if let Some(&(checked_stream, at)) = self.checked.get(&code) {
+            if checked_stream == stream && now.duration_since(at) < self.recheck_after {
+                return true;
+            }
+        }
+        if !self.still_stream_of(heap, stream, code) {
+            return false;
+        }
+        self.checked.insert(code, (stream, now));
+        true
     }
 
     /// Whether the stream at `stream` is still there and still `code`'s:
@@ -776,9 +808,11 @@ pub(crate) mod tests {
         assert!(finder.code_at(&mut heap, start + 128).is_err());
 
         // Code freed and its stream's place reused: not named from the
-        // old tables.
+        // old tables once the last check is older than the window.
         h.set(code, 0x20, 0);
         let mut heap = Heap::new(&h, &meta, &mut types);
+        assert!(finder.code_at(&mut heap, start + 40).is_ok());
+        finder.recheck_after = Duration::ZERO;
         assert!(finder.code_at(&mut heap, start + 40).is_err());
     }
 
