@@ -37,6 +37,12 @@ pub struct AttachError {
 }
 
 /// What loading and attaching the samplers needs.
+/// How long a wakeup waits for more samples before the ring is drained.
+/// The kernel wakes the reader for each sample while it keeps up; a short
+/// wait turns a wakeup per sample into one per batch. Samples are read
+/// this much later, well within what V8's objects keep still for.
+const GATHER: Duration = Duration::from_millis(5);
+
 const SAMPLERS_NEED: &str = "this needs root, or CAP_BPF and CAP_PERFMON";
 /// What the libuv uprobes need: kernels that refuse uprobe perf events to
 /// CAP_PERFMON alone take them from CAP_SYS_ADMIN.
@@ -224,7 +230,10 @@ impl Loaded {
             revents: 0,
         };
         // SAFETY: one valid pollfd; EINTR (a signal) just returns early.
-        unsafe { libc::poll(&mut fds, 1, timeout.as_millis() as libc::c_int) };
+        let ready = unsafe { libc::poll(&mut fds, 1, timeout.as_millis() as libc::c_int) };
+        if ready > 0 && !timeout.is_zero() {
+            std::thread::sleep(GATHER.min(timeout));
+        }
         while let Some(item) = self.ring.next() {
             match decode_item(&item) {
                 Some(Item::ItemRead(read)) => self.item_reads.push(read),
