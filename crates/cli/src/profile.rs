@@ -432,6 +432,10 @@ fn sample(
         Err(_) => {}
     }
     let left_to_perf_map = names.anonymous_frames - names.v8_named;
+    let v8_names_frames = match &v8_naming {
+        Ok((_, counts)) => names.v8_named > 0 || counts.interpreted > 0 || counts.optimized > 0,
+        Err(_) => false,
+    };
     match &names.perf_map {
         Some(path) if names.v8_named == 0 => {
             notes.push(format!("JavaScript frames named from {path}"))
@@ -441,6 +445,15 @@ fn sample(
             names.perf_map_named, names.anonymous_frames
         )),
         None if left_to_perf_map == 0 => {}
+        // V8's heap names JavaScript frames: the addresses left had no
+        // frame to read a function from (a leaf stopped before its frame
+        // was set up, or code without a function: stubs, regular
+        // expressions), so restarting for JavaScript names is not advice.
+        None if v8_names_frames => notes.push(format!(
+            "no perf map at {}: {} JIT addresses that V8's heap did not name stay unnamed (a perf map, node --perf-basic-prof, would name them)",
+            perf_map::path(pid).display(),
+            left_to_perf_map
+        )),
         None if names.anonymous_frames > 0 => notes.push(format!(
             "no perf map at {}: {} JIT addresses stay unnamed (start node with --perf-basic-prof to name JavaScript frames)",
             perf_map::path(pid).display(),
