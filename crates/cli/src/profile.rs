@@ -396,9 +396,14 @@ fn sample(
             ));
         }
     }
+    // Whether V8's heap named any JavaScript frame of this run.
+    let v8_names_frames = match &v8_naming {
+        Ok((_, counts)) => names.v8_named > 0 || counts.interpreted > 0 || counts.optimized > 0,
+        Err(_) => false,
+    };
     match &v8_naming {
         Ok((binary, counts)) => {
-            if names.v8_named > 0 || counts.interpreted > 0 || counts.optimized > 0 {
+            if v8_names_frames {
                 notes.push(format!(
                     "JavaScript frames named from V8's heap (layout from the metadata of {binary}): {} (with {} they inlined), {} of {} other JIT addresses, and {}",
                     count(counts.optimized, "frame of optimized code", "frames of optimized code"),
@@ -432,10 +437,6 @@ fn sample(
         Err(_) => {}
     }
     let left_to_perf_map = names.anonymous_frames - names.v8_named;
-    let v8_names_frames = match &v8_naming {
-        Ok((_, counts)) => names.v8_named > 0 || counts.interpreted > 0 || counts.optimized > 0,
-        Err(_) => false,
-    };
     match &names.perf_map {
         Some(path) if names.v8_named == 0 => {
             notes.push(format!("JavaScript frames named from {path}"))
