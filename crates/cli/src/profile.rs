@@ -451,9 +451,9 @@ fn sample(
         // was set up, or code without a function: stubs, regular
         // expressions), so restarting for JavaScript names is not advice.
         None if v8_names_frames => notes.push(format!(
-            "no perf map at {}: {} JIT addresses that V8's heap did not name stay unnamed (a perf map, node --perf-basic-prof, would name them)",
+            "no perf map at {}: {} that V8's heap did not name stay unnamed (a perf map, node --perf-basic-prof, would name them)",
             perf_map::path(pid).display(),
-            left_to_perf_map
+            count(left_to_perf_map as u64, "JIT address", "JIT addresses")
         )),
         None if names.anonymous_frames > 0 => notes.push(format!(
             "no perf map at {}: {} JIT addresses stay unnamed (start node with --perf-basic-prof to name JavaScript frames)",
