@@ -36,13 +36,13 @@ pub struct AttachError {
     needs: Option<&'static str>,
 }
 
-/// What loading and attaching the samplers needs.
 /// How long a wakeup waits for more samples before the ring is drained.
 /// The kernel wakes the reader for each sample while it keeps up; a short
 /// wait turns a wakeup per sample into one per batch. Samples are read
 /// this much later, well within what V8's objects keep still for.
 const GATHER: Duration = Duration::from_millis(5);
 
+/// What loading and attaching the samplers needs.
 const SAMPLERS_NEED: &str = "this needs root, or CAP_BPF and CAP_PERFMON";
 /// What the libuv uprobes need: kernels that refuse uprobe perf events to
 /// CAP_PERFMON alone take them from CAP_SYS_ADMIN.
