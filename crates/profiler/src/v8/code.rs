@@ -185,8 +185,9 @@ pub struct CodeFinder {
     /// each use.
     by_pc: HashMap<u64, (u64, u64)>,
     codes: HashMap<u64, Arc<CodeInfo>>,
-    /// Code (tagged) -> its stream and when it was last found in place.
-    checked: HashMap<u64, (u64, Instant)>,
+    /// Code (tagged) -> when it was last found in place, with the stream
+    /// `codes` gives it.
+    checked: HashMap<u64, Instant>,
     recheck_after: Duration,
 }
 
@@ -239,22 +240,23 @@ impl CodeFinder {
             self.by_pc.clear();
         }
         self.by_pc.insert(pc, (stream, code));
-        self.checked.insert(code, (stream, Instant::now()));
+        self.checked.insert(code, Instant::now());
         Ok(info)
     }
 
-    /// still_stream_of(), or its answer from less than `recheck_after` ago.
+    /// still_stream_of() for `code` and the stream `codes` gives it, or
+    /// its answer from less than `recheck_after` ago.
     fn still_in_place(&mut self, heap: &Heap<'_>, stream: u64, code: u64) -> bool {
         let now = Instant::now();
-        if let Some(&(checked_stream, at)) = self.checked.get(&code) {
-            if checked_stream == stream && now.duration_since(at) < self.recheck_after {
+        if let Some(&at) = self.checked.get(&code) {
+            if now.duration_since(at) < self.recheck_after {
                 return true;
             }
         }
         if !self.still_stream_of(heap, stream, code) {
             return false;
         }
-        self.checked.insert(code, (stream, now));
+        self.checked.insert(code, now);
         true
     }
 
