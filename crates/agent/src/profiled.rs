@@ -11,18 +11,21 @@ use otel_thread_ctx_otlp::Resource;
 use crate::processes::Found;
 use otel_thread_ctx_profiler::kernel::{ItemRead, Sample};
 use otel_thread_ctx_profiler::plan::current_process_context;
+use otel_thread_ctx_profiler::process_maps::ProcessMaps;
 use otel_thread_ctx_profiler::symbolize::Collector;
 use otel_thread_ctx_profiler::unwind::{choose, chosen_frame_pointers, StackUnwinder};
 use otel_thread_ctx_profiler::v8::JsFrames;
 use otel_thread_ctx_profiler::{model, perf_map, threadpool};
-use otel_thread_ctx_reader::maps::{self, Mapping};
 use otel_thread_ctx_reader::tasks;
 
 pub struct Profiled {
     pub pid: i32,
     pub executable: String,
     pub command: String,
-    maps: Vec<Mapping>,
+    /// Its maps, shared by the unwinder, V8's naming and the collector
+    /// (which is replaced each export): one re-read for an address none
+    /// covers serves all three.
+    maps: ProcessMaps,
     /// Kept across exports: it caches every module's unwind tables.
     unwinder: StackUnwinder,
     /// Names JIT frames from V8's heap as samples arrive, or why it cannot.
@@ -60,14 +63,15 @@ pub struct Interval {
 
 impl Profiled {
     pub fn new(found: &Found) -> Profiled {
+        let maps = ProcessMaps::new(found.pid, found.maps.clone());
         let mut p = Profiled {
             pid: found.pid,
             executable: found.executable.clone(),
             command: found.command.clone(),
-            maps: found.maps.clone(),
-            unwinder: StackUnwinder::new(found.pid, found.maps.clone()),
-            js_frames: JsFrames::new(found.pid, found.maps.clone()),
-            collector: Collector::new(found.pid, found.maps.clone()),
+            unwinder: StackUnwinder::new(&maps),
+            js_frames: JsFrames::new(found.pid, &found.maps),
+            collector: Collector::new(found.pid),
+            maps,
             perf_map: Arc::new(Mutex::new(perf_map::Follower::new(found.pid))),
             samples: Vec::new(),
             item_reads: Vec::new(),
@@ -84,11 +88,11 @@ impl Profiled {
     /// gives more, its addresses noted for naming.
     pub fn take(&mut self, mut s: Sample) {
         if let Some(copy) = s.user_stack_copy.take() {
-            let unwound = self.unwinder.unwind(&copy);
+            let unwound = self.unwinder.unwind(&mut self.maps, &copy);
             s.user_stack = choose(&unwound, &s.user_stack);
             if let Ok(js) = &mut self.js_frames {
                 let frame_pointers = chosen_frame_pointers(&unwound, &s.user_stack);
-                let names = js.name(&copy, &s.user_stack, &frame_pointers);
+                let names = js.name(&mut self.maps, &copy, &s.user_stack, &frame_pointers);
                 s.frame_names = names.by_frame;
                 for named in names.by_address {
                     self.collector.user_named(named);
@@ -96,7 +100,7 @@ impl Profiled {
             }
         }
         for a in model::addresses_to_name(&s) {
-            self.collector.user(a);
+            self.collector.user(&mut self.maps, a);
         }
         for &a in &s.kernel_stack {
             self.collector.kernel(a);
@@ -148,21 +152,16 @@ impl Profiled {
     pub fn cut(&mut self) -> Option<Interval> {
         self.refresh();
         if !self.exited {
-            if let Ok(m) = maps::read(self.pid) {
-                if !m.is_empty() {
-                    self.maps = m;
-                }
-            }
+            // Each interval starts from the maps as they are now: mappings
+            // gone or replaced since would trigger no re-read of their own.
+            self.maps.reread();
         }
         if let Ok(js) = &mut self.js_frames {
             // Objects move and die over a long run: what was read of them
             // is read again each interval.
             js.forget();
         }
-        let collector = std::mem::replace(
-            &mut self.collector,
-            Collector::new(self.pid, self.maps.clone()),
-        );
+        let collector = std::mem::replace(&mut self.collector, Collector::new(self.pid));
         let fresh = std::mem::take(&mut self.item_reads);
         let mut item_reads = std::mem::replace(&mut self.earlier_item_reads, fresh.clone());
         item_reads.extend(fresh);

@@ -14,6 +14,7 @@ use otel_thread_ctx_formats::{check_writable, count, flame, jsonl, otlp, pprof, 
 use otel_thread_ctx_otlp::{AnyValue, KeyValue, Resource};
 use otel_thread_ctx_profiler::loader::{self, AttachError};
 use otel_thread_ctx_profiler::plan::{self, current_process_context, target_plan};
+use otel_thread_ctx_profiler::process_maps::ProcessMaps;
 use otel_thread_ctx_profiler::system::{own_cpu_ns, unix_now_ns};
 use otel_thread_ctx_profiler::SamplerError;
 use otel_thread_ctx_profiler::{kernel, model, perf_map, symbolize, threadpool, unwind};
@@ -298,19 +299,22 @@ fn sample(
         opts.hz,
         opts.duration.as_secs_f64()
     );
-    let mut collector = symbolize::Collector::new(pid, target.maps.clone());
-    let mut stacks = unwind::Stacks::new(pid, target.maps.clone());
+    // One snapshot of the target's maps for the unwinder, V8's naming and
+    // the symbolizer: an address none covers costs one re-read.
+    let mut maps = ProcessMaps::new(pid, target.maps.clone());
+    let mut collector = symbolize::Collector::new(pid);
+    let mut stacks = unwind::Stacks::new(pid, &maps);
     let mut samples = Vec::new();
     let mut thread_names: HashMap<u32, String> = HashMap::new();
     let mut names_refreshed = Instant::now() - Duration::from_secs(1);
     let mut target_exited = false;
     let mut context = plan::process_context(&target.maps, &target.memory);
     let mut take = |mut s: kernel::Sample, collector: &mut symbolize::Collector| {
-        for named in stacks.take(&mut s) {
+        for named in stacks.take(&mut maps, &mut s) {
             collector.user_named(named);
         }
         for a in model::addresses_to_name(&s) {
-            collector.user(a);
+            collector.user(&mut maps, a);
         }
         for &a in &s.kernel_stack {
             collector.kernel(a);

@@ -10,7 +10,9 @@
 //! names the frames (JIT code from V8's heap with [`v8`], else from
 //! [`perf_map`]), [`threadpool`]
 //! attributes libuv pool work to the span that queued it, and [`model`]
-//! builds the profile the output formats write.
+//! builds the profile the output formats write. The unwinder, V8's naming
+//! and the symbolizer place a process's addresses in one snapshot of its
+//! mappings ([`process_maps`]).
 
 pub mod error;
 pub mod kernel;
@@ -18,6 +20,7 @@ pub mod loader;
 pub mod model;
 pub mod perf_map;
 pub mod plan;
+pub mod process_maps;
 pub mod symbolize;
 pub mod system;
 pub mod threadpool;

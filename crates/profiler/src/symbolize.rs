@@ -8,14 +8,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use blazesym::MaybeDefault;
 
 use crate::perf_map;
-use otel_thread_ctx_reader::maps::{self, Mapping};
+use crate::process_maps::ProcessMaps;
+use otel_thread_ctx_reader::maps::Mapping;
 
 /// A stack frame's name and the module it is in.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -53,23 +53,16 @@ enum Place {
 /// Collects addresses during the run; names them in [`Collector::finish`].
 pub struct Collector {
     pid: i32,
-    maps: Vec<Mapping>,
-    refreshed: Instant,
     user: HashMap<u64, Place>,
     /// JIT addresses V8 named, and whether from a settled frame.
     named_by_v8: HashMap<u64, (Frame, bool)>,
     kernel: HashSet<u64>,
 }
 
-/// How often the maps may be re-read for an address no mapping covers.
-const REFRESH_EVERY: Duration = Duration::from_millis(200);
-
 impl Collector {
-    pub fn new(pid: i32, maps: Vec<Mapping>) -> Collector {
+    pub fn new(pid: i32) -> Collector {
         Collector {
             pid,
-            maps,
-            refreshed: Instant::now(),
             user: HashMap::new(),
             named_by_v8: HashMap::new(),
             kernel: HashSet::new(),
@@ -95,21 +88,14 @@ impl Collector {
     }
 
     /// Records a user-space address to name later (a lookup address: return
-    /// addresses already moved back into their call instruction).
-    pub fn user(&mut self, addr: u64) {
+    /// addresses already moved back into their call instruction), tied to
+    /// the mapping of `maps` (the process's) that covers it; the maps are
+    /// re-read (as [`ProcessMaps::reread_for`] allows) when none does.
+    pub fn user(&mut self, maps: &mut ProcessMaps, addr: u64) {
         if self.user.contains_key(&addr) {
             return;
         }
-        let mut place = place_of(&self.maps, addr);
-        if matches!(place, Place::Unmapped) && self.refreshed.elapsed() >= REFRESH_EVERY {
-            if let Ok(m) = maps::read(self.pid) {
-                if !m.is_empty() {
-                    self.maps = m;
-                }
-            }
-            self.refreshed = Instant::now();
-            place = place_of(&self.maps, addr);
-        }
+        let place = place_of(maps.find_or_reread(addr), addr);
         self.user.insert(addr, place);
     }
 
@@ -274,8 +260,9 @@ impl Collector {
     }
 }
 
-fn place_of(maps: &[Mapping], addr: u64) -> Place {
-    let Some(m) = maps.iter().find(|m| m.start <= addr && addr < m.end) else {
+/// Where `addr` is, in `mapping` (the one that covers it, if any).
+fn place_of(mapping: Option<&Mapping>, addr: u64) -> Place {
+    let Some(m) = mapping else {
         return Place::Unmapped;
     };
     if m.is_file_backed() {
@@ -322,26 +309,28 @@ mod tests {
 
     #[test]
     fn addresses_are_tied_to_their_mapping() {
-        let maps = vec![
+        let maps = ProcessMaps::fixed(vec![
             mapping(0x1000, 0x3000, 0x2000, 5, "/usr/bin/node"),
             mapping(0x4000, 0x5000, 0, 0, ""),
             mapping(0x6000, 0x7000, 0, 0, "[vdso]"),
-        ];
+        ]);
+        let place = |addr| place_of(maps.find(addr), addr);
         assert!(
-            matches!(place_of(&maps, 0x1010), Place::File { ref path, offset: 0x2010 } if path == "/usr/bin/node")
+            matches!(place(0x1010), Place::File { ref path, offset: 0x2010 } if path == "/usr/bin/node")
         );
-        assert!(matches!(place_of(&maps, 0x4100), Place::Anonymous));
-        assert!(matches!(place_of(&maps, 0x6100), Place::Special(ref s) if s == "[vdso]"));
-        assert!(matches!(place_of(&maps, 0x9000), Place::Unmapped));
+        assert!(matches!(place(0x4100), Place::Anonymous));
+        assert!(matches!(place(0x6100), Place::Special(ref s) if s == "[vdso]"));
+        assert!(matches!(place(0x9000), Place::Unmapped));
     }
 
     #[test]
     fn own_executable_symbols_are_found() {
         // This test binary's own code, named through its ELF symbols.
-        let me = maps::read(std::process::id() as i32).unwrap();
+        let pid = std::process::id() as i32;
+        let mut maps = ProcessMaps::new(pid, otel_thread_ctx_reader::maps::read(pid).unwrap());
         let addr = own_executable_symbols_are_found as *const () as usize as u64;
-        let mut c = Collector::new(std::process::id() as i32, me);
-        c.user(addr);
+        let mut c = Collector::new(pid);
+        c.user(&mut maps, addr);
         let names = c.finish();
         let frame = &names.user[&addr];
         assert!(
@@ -352,9 +341,9 @@ mod tests {
 
     #[test]
     fn names_from_v8_win_and_settled_frames_win_over_innermost_ones() {
-        let maps = vec![mapping(0x4000, 0x5000, 0, 0, "")];
+        let mut maps = ProcessMaps::fixed(vec![mapping(0x4000, 0x5000, 0, 0, "")]);
         // This process writes no perf map: what V8 did not name is unnamed.
-        let mut c = Collector::new(std::process::id() as i32, maps);
+        let mut c = Collector::new(std::process::id() as i32);
         let named = |name: &str, settled| NamedFrame {
             address: 0x4010,
             frame: Frame {
@@ -364,8 +353,8 @@ mod tests {
             },
             settled,
         };
-        c.user(0x4010);
-        c.user(0x4020);
+        c.user(&mut maps, 0x4010);
+        c.user(&mut maps, 0x4020);
         c.user_named(named("JS:caller /a.js:1:1", false));
         c.user_named(named("JS:callee /a.js:5:1", true));
         c.user_named(named("JS:other /a.js:9:1", false));

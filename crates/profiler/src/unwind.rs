@@ -11,23 +11,20 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::kernel::{Kind, Sample, StackCopy};
+use crate::process_maps::ProcessMaps;
 use crate::symbolize::NamedFrame;
 use crate::v8::JsFrames;
 use otel_thread_ctx_reader::elf::MappedFile;
-use otel_thread_ctx_reader::maps::{self, Mapping};
+use otel_thread_ctx_reader::maps::Mapping;
 
 /// Frames per unwound stack at most.
 pub const MAX_UNWOUND_FRAMES: usize = 512;
-
-/// How often the maps may be re-read for an address no module covers.
-const REFRESH_EVERY: Duration = Duration::from_millis(200);
 
 /// A user stack, leaf first (the instruction pointer, then return addresses).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -113,9 +110,8 @@ impl FileInfo {
 
 /// Unwinds the stack copies of one process.
 pub struct StackUnwinder {
-    pid: i32,
-    maps: Vec<Mapping>,
-    refreshed: Instant,
+    /// The generation of the process's maps the modules were added from.
+    generation: u64,
     unwinder: UnwinderX86_64<Arc<[u8]>>,
     cache: CacheX86_64,
     /// Start addresses of the executable mappings added as modules.
@@ -124,23 +120,22 @@ pub struct StackUnwinder {
 }
 
 impl StackUnwinder {
-    pub fn new(pid: i32, maps: Vec<Mapping>) -> StackUnwinder {
+    pub fn new(maps: &ProcessMaps) -> StackUnwinder {
         let mut u = StackUnwinder {
-            pid,
-            maps,
-            refreshed: Instant::now(),
+            generation: maps.generation(),
             unwinder: UnwinderX86_64::new(),
             cache: CacheX86_64::new(),
             added: HashSet::new(),
             files: HashMap::new(),
         };
-        u.add_modules();
+        u.add_modules(maps);
         u
     }
 
     /// Adds every executable file mapping not added yet.
-    fn add_modules(&mut self) {
-        for m in &self.maps {
+    fn add_modules(&mut self, maps: &ProcessMaps) {
+        self.generation = maps.generation();
+        for m in maps.mappings() {
             if !m.is_file_backed() || !m.perms.contains('x') || self.added.contains(&m.start) {
                 continue;
             }
@@ -157,46 +152,33 @@ impl StackUnwinder {
         }
     }
 
-    /// Re-reads the maps (at most every [`REFRESH_EVERY`]) when `addr` is in
-    /// no mapping known: code loaded since (dlopen) gets its module.
-    fn refresh_for(&mut self, addr: u64) -> bool {
-        if self.maps.iter().any(|m| m.start <= addr && addr < m.end)
-            || self.refreshed.elapsed() < REFRESH_EVERY
-        {
-            return false;
-        }
-        self.refreshed = Instant::now();
-        match maps::read(self.pid) {
-            Ok(m) if !m.is_empty() => {
-                self.maps = m;
-                self.add_modules();
-                true
-            }
-            _ => false,
+    /// Adds the modules of mappings the maps gained since last seen (their
+    /// other users re-read them too).
+    fn follow(&mut self, maps: &ProcessMaps) {
+        if maps.generation() != self.generation {
+            self.add_modules(maps);
         }
     }
 
-    fn in_file(&self, addr: u64) -> bool {
-        self.maps
-            .iter()
-            .any(|m| m.start <= addr && addr < m.end && m.is_file_backed())
-    }
-
-    /// Unwinds one copy.
-    pub fn unwind(&mut self, copy: &StackCopy) -> Stack {
-        let stack = self.walk(copy);
-        let unknown = stack
+    /// Unwinds one copy of the process `maps` describe. An address in no
+    /// mapping has the maps re-read (as [`ProcessMaps::reread_for`]
+    /// allows): code loaded since (dlopen) gets its module, and the copy
+    /// is unwound again.
+    pub fn unwind(&mut self, maps: &mut ProcessMaps, copy: &StackCopy) -> Stack {
+        self.follow(maps);
+        let stack = self.walk(maps, copy);
+        let changed = stack
             .frames
             .iter()
-            .copied()
-            .find(|&a| !self.maps.iter().any(|m| m.start <= a && a < m.end));
-        match unknown {
-            Some(a) if self.refresh_for(a) => self.walk(copy),
-            _ => stack,
+            .any(|&a| maps.find(a).is_none() && maps.reread_for(a));
+        if !changed {
+            return stack;
         }
+        self.follow(maps);
+        self.walk(maps, copy)
     }
 
-    fn walk(&mut self, copy: &StackCopy) -> Stack {
+    fn walk(&mut self, maps: &ProcessMaps, copy: &StackCopy) -> Stack {
         let (sp, bytes) = (copy.sp, &copy.stack);
         let mut read_stack = |addr: u64| {
             let at = addr.checked_sub(sp).ok_or(())? as usize;
@@ -231,7 +213,11 @@ impl StackUnwinder {
                 Err(_) => break,
             }
         }
-        let reached_entry = ended && frames.last().is_some_and(|&a| self.in_file(a));
+        let reached_entry = ended
+            && frames
+                .last()
+                .and_then(|&a| maps.find(a))
+                .is_some_and(Mapping::is_file_backed);
         Stack {
             frames,
             frame_pointers,
@@ -360,11 +346,12 @@ pub struct Stacks {
 }
 
 impl Stacks {
-    pub fn new(pid: i32, maps: Vec<Mapping>) -> Stacks {
+    /// The stacks of process `pid`, whose maps are `maps`.
+    pub fn new(pid: i32, maps: &ProcessMaps) -> Stacks {
         Stacks {
-            unwinder: StackUnwinder::new(pid, maps.clone()),
+            unwinder: StackUnwinder::new(maps),
             entries: Entries::default(),
-            js_frames: JsFrames::new(pid, maps),
+            js_frames: JsFrames::new(pid, maps.mappings()),
             outermost: Vec::new(),
         }
     }
@@ -376,16 +363,16 @@ impl Stacks {
 
     /// Replaces the sample's user stack by the unwound one where that is
     /// worth more, and drops the copy. Returns the JIT frames V8 named.
-    pub fn take(&mut self, s: &mut Sample) -> Vec<NamedFrame> {
+    pub fn take(&mut self, maps: &mut ProcessMaps, s: &mut Sample) -> Vec<NamedFrame> {
         let frame_pointers = s.user_stack.last().copied();
         let mut named = Vec::new();
         if let Some(copy) = s.user_stack_copy.take() {
-            let unwound = self.unwinder.unwind(&copy);
+            let unwound = self.unwinder.unwind(maps, &copy);
             self.entries.note(&unwound);
             s.user_stack = choose(&unwound, &s.user_stack);
             if let Ok(js) = &mut self.js_frames {
                 let fps = chosen_frame_pointers(&unwound, &s.user_stack);
-                let names = js.name(&copy, &s.user_stack, &fps);
+                let names = js.name(maps, &copy, &s.user_stack, &fps);
                 s.frame_names = names.by_frame;
                 named = names.by_address;
             }
@@ -515,8 +502,9 @@ mod tests {
         middle(&mut copy);
         let copy = copy.unwrap();
         let pid = std::process::id() as i32;
-        let mut u = StackUnwinder::new(pid, maps::read(pid).unwrap());
-        let stack = u.unwind(&copy);
+        let mut maps = ProcessMaps::new(pid, otel_thread_ctx_reader::maps::read(pid).unwrap());
+        let mut u = StackUnwinder::new(&maps);
+        let stack = u.unwind(&mut maps, &copy);
         assert!(stack.reached_entry, "{stack:?}");
         assert_eq!(stack.frames.len(), stack.frame_pointers.len());
         assert_eq!(stack.frame_pointers[0], copy.bp);

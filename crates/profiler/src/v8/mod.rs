@@ -17,22 +17,19 @@ pub mod metadata;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use otel_thread_ctx_abi::node_schema::smi_value;
 
 use crate::kernel::StackCopy;
+use crate::process_maps::ProcessMaps;
 use crate::symbolize::{Frame, NamedFrame};
 use otel_thread_ctx_reader::elf::MappedFile;
-use otel_thread_ctx_reader::maps::{self, Mapping};
+use otel_thread_ctx_reader::maps::Mapping;
 use otel_thread_ctx_reader::memory::{Memory, ProcessMemory};
 
 use code::CodeFinder;
 pub use function::{JsFunction, Resolver};
 pub use metadata::{Metadata, MetadataError};
-
-/// How often the maps may be re-read for an address no mapping covers.
-const REFRESH_EVERY: Duration = Duration::from_millis(200);
 
 /// Most functions whose frame is kept; emptied past it.
 const MAX_CACHED_FRAMES: usize = 1 << 16;
@@ -97,12 +94,9 @@ pub struct Counts {
 
 /// Names the JIT frames of one process's samples from V8's heap.
 pub struct JsFrames {
-    pid: i32,
     binary: String,
     memory: Box<dyn Memory + Send>,
     resolver: Resolver,
-    maps: Vec<Mapping>,
-    refreshed: Instant,
     counts: Counts,
     /// Each function's frame, shared by the samples it names.
     frames: HashMap<usize, (Arc<JsFunction>, Arc<Frame>)>,
@@ -128,39 +122,24 @@ enum Expanded {
 impl JsFrames {
     /// Sets up naming for process `pid`; an error says why V8 cannot name
     /// its frames (no metadata, a constant missing, memory unreadable).
-    pub fn new(pid: i32, maps: Vec<Mapping>) -> Result<JsFrames, String> {
-        let (binary, meta) = process_metadata(pid, &maps)?;
+    pub fn new(pid: i32, maps: &[Mapping]) -> Result<JsFrames, String> {
+        let (binary, meta) = process_metadata(pid, maps)?;
         let memory = ProcessMemory::open(pid, pid)
             .map_err(|e| format!("cannot read the memory of pid {pid}: {e}"))?;
-        Ok(JsFrames::with_memory(
-            pid,
-            binary,
-            meta,
-            Box::new(memory),
-            maps,
-        ))
+        Ok(JsFrames::with_memory(binary, meta, Box::new(memory)))
     }
 
-    /// Names the frames of process `pid` with `meta`, reading its heap
-    /// through `memory`.
-    pub fn with_memory(
-        pid: i32,
-        binary: String,
-        meta: Metadata,
-        memory: Box<dyn Memory + Send>,
-        maps: Vec<Mapping>,
-    ) -> JsFrames {
+    /// Names the frames of a process running `binary` with `meta`, reading
+    /// its heap through `memory`.
+    pub fn with_memory(binary: String, meta: Metadata, memory: Box<dyn Memory + Send>) -> JsFrames {
         let code = meta.code.clone().map(CodeFinder::new);
         JsFrames {
-            pid,
             binary,
             memory,
             code,
             expansions: HashMap::new(),
             baseline: HashMap::new(),
             resolver: Resolver::new(meta),
-            maps,
-            refreshed: Instant::now(),
             counts: Counts::default(),
             frames: HashMap::new(),
         }
@@ -195,51 +174,35 @@ impl JsFrames {
 
     /// Where `addr` is: V8's code space (anonymous executable memory), the
     /// binary whose metadata is used (its embedded builtins, the
-    /// interpreter among them), or elsewhere. The maps are re-read (at
-    /// most every [`REFRESH_EVERY`]) for an address none covers.
-    fn place(&mut self, addr: u64) -> Place {
-        let binary = self.binary.as_str();
-        let find = |maps: &[Mapping]| {
-            maps.iter()
-                .find(|m| m.start <= addr && addr < m.end)
-                .map(|m| {
-                    let special = m.path.starts_with('[') && !m.path.starts_with("[anon");
-                    if !m.perms.contains('x') {
-                        Place::Elsewhere
-                    } else if m.is_file_backed() {
-                        if m.name() == binary {
-                            Place::Binary
-                        } else {
-                            Place::Elsewhere
-                        }
-                    } else if special {
-                        Place::Elsewhere
-                    } else {
-                        Place::Jit
-                    }
-                })
-        };
-        if let Some(place) = find(&self.maps) {
-            return place;
-        }
-        if self.refreshed.elapsed() < REFRESH_EVERY {
+    /// interpreter among them), or elsewhere. The maps are re-read (as
+    /// [`ProcessMaps::reread_for`] allows) for an address none covers.
+    fn place(&self, maps: &mut ProcessMaps, addr: u64) -> Place {
+        let Some(m) = maps.find_or_reread(addr) else {
             return Place::Elsewhere;
-        }
-        self.refreshed = Instant::now();
-        if let Ok(m) = maps::read(self.pid) {
-            if !m.is_empty() {
-                self.maps = m;
+        };
+        let special = m.path.starts_with('[') && !m.path.starts_with("[anon");
+        if !m.perms.contains('x') {
+            Place::Elsewhere
+        } else if m.is_file_backed() {
+            if m.name() == self.binary {
+                Place::Binary
+            } else {
+                Place::Elsewhere
             }
+        } else if special {
+            Place::Elsewhere
+        } else {
+            Place::Jit
         }
-        find(&self.maps).unwrap_or(Place::Elsewhere)
     }
 
     /// Names the JavaScript frames of one stack: `frames` leaf first (as
     /// the sample keeps them), `frame_pointers` the frame pointer each
-    /// frame had where the unwinder knew it, and `copy` the stack bytes
-    /// the frame slots are read from.
+    /// frame had where the unwinder knew it, `copy` the stack bytes the
+    /// frame slots are read from, and `maps` the process's mappings.
     pub fn name(
         &mut self,
+        maps: &mut ProcessMaps,
         copy: &StackCopy,
         frames: &[u64],
         frame_pointers: &[Option<u64>],
@@ -248,7 +211,7 @@ impl JsFrames {
         for (i, (&addr, &fp)) in frames.iter().zip(frame_pointers).enumerate() {
             let Some(fp) = fp else { continue };
             let address = crate::model::lookup_address(i, addr);
-            match self.place(address) {
+            match self.place(maps, address) {
                 Place::Jit if self.code.is_ok() => match self.expand(address) {
                     Ok(Expanded::Frames(frames)) => {
                         self.counts.optimized += 1;
@@ -522,18 +485,13 @@ mod tests {
             mapping(0x1000, 0x2000, 0, ""),
             mapping(0x5000, 0x6000, 7, "/usr/bin/node"),
         ];
-        let mut js = JsFrames::with_memory(
-            std::process::id() as i32,
-            "node".into(),
-            fake::metadata(true),
-            Box::new(h),
-            maps,
-        );
+        let mut maps = ProcessMaps::fixed(maps);
+        let mut js = JsFrames::with_memory("node".into(), fake::metadata(true), Box::new(h));
         // JIT leaf, JIT caller in a typed frame, a file frame, a frame
         // with no frame pointer known.
         let frames = [0x1010, 0x1021, 0x5010, 0x1031];
         let fps = [Some(sp + 0x100), Some(sp + 0x200), Some(sp + 0x100), None];
-        let named = js.name(&copy, &frames, &fps);
+        let named = js.name(&mut maps, &copy, &frames, &fps);
         assert!(named.by_frame.is_empty());
         assert_eq!(
             named.by_address,
@@ -556,7 +514,10 @@ mod tests {
             .is_some_and(|r| r.contains("marker")));
         // Frame slots past the copy name nothing.
         let far = [Some(sp + 0x1000)];
-        assert_eq!(js.name(&copy, &[0x1010], &far), JsNames::default());
+        assert_eq!(
+            js.name(&mut maps, &copy, &[0x1010], &far),
+            JsNames::default()
+        );
     }
 
     #[test]
@@ -582,13 +543,13 @@ mod tests {
             perms: "r-xp".into(),
             ..mapping(fake::BASE, fake::BASE + (1 << 20), 0, "")
         }];
-        let mut js =
-            JsFrames::with_memory(1, "node".into(), fake::metadata(true), Box::new(h), maps);
+        let mut maps = ProcessMaps::fixed(maps);
+        let mut js = JsFrames::with_memory("node".into(), fake::metadata(true), Box::new(h));
         // In the leaf (inlined twice over), in the middle function as a
         // return address (looked up one byte before), in outer's own code.
         let frames = [start + 40, start + 21, start + 2];
         let fps = [Some(sp + 0x100); 3];
-        let named = js.name(&copy, &frames, &fps);
+        let named = js.name(&mut maps, &copy, &frames, &fps);
         let names = |i: usize| -> Vec<(String, Option<u32>)> {
             named.by_frame[i]
                 .1
@@ -633,20 +594,25 @@ mod tests {
             perms: "r-xp".into(),
             ..mapping(fake::BASE, fake::BASE + (1 << 20), 0, "")
         }];
-        let mut js =
-            JsFrames::with_memory(1, "node".into(), fake::metadata(true), Box::new(h), maps);
+        let mut maps = ProcessMaps::fixed(maps);
+        let mut js = JsFrames::with_memory("node".into(), fake::metadata(true), Box::new(h));
         // An innermost frame first: named by its slot, for the address only.
         let inner = copy_with_frames(sp, &[(sp + 0x100, context, other_function)]);
-        let named = js.name(&inner, &[start + 8], &[Some(sp + 0x100)]);
+        let named = js.name(&mut maps, &inner, &[start + 8], &[Some(sp + 0x100)]);
         assert!(named.by_frame.is_empty());
         assert_eq!(named.by_address[0].frame.name, "JS:other");
         // A settled frame names the code.
         let settled = copy_with_frames(sp, &[(sp + 0x100, context, baseline_function)]);
-        let named = js.name(&settled, &[0x10, start + 9], &[None, Some(sp + 0x100)]);
+        let named = js.name(
+            &mut maps,
+            &settled,
+            &[0x10, start + 9],
+            &[None, Some(sp + 0x100)],
+        );
         assert_eq!(named.by_address[0].frame.name, "JS:warm");
         // From then on its frames are named by it, in their sample,
         // whatever the slot holds (here, an innermost frame in a prologue).
-        let named = js.name(&inner, &[start + 20], &[Some(sp + 0x100)]);
+        let named = js.name(&mut maps, &inner, &[start + 20], &[Some(sp + 0x100)]);
         assert!(named.by_address.is_empty());
         assert_eq!(named.by_frame[0].0, 0);
         assert_eq!(named.by_frame[0].1[0].name, "JS:warm");
@@ -660,7 +626,7 @@ mod tests {
                 .spawn()
                 .unwrap();
             let pid = child.id() as i32;
-            let found = maps::read(pid)
+            let found = otel_thread_ctx_reader::maps::read(pid)
                 .map_err(|e| e.to_string())
                 .and_then(|m| process_metadata(pid, &m));
             child.kill().unwrap();
@@ -703,14 +669,14 @@ mod tests {
         put(sp + 0x200, -32, not_bytecode);
         put(sp + 0x200, -40, fake::smi(54));
         let maps = vec![mapping(0x5000, 0x6000, 7, "/opt/node/bin/node")];
+        let mut maps = ProcessMaps::fixed(maps);
         let mut js = JsFrames::with_memory(
-            std::process::id() as i32,
             "/opt/node/bin/node".into(),
             fake::metadata(true),
             Box::new(h),
-            maps,
         );
         let named = js.name(
+            &mut maps,
             &copy,
             &[0x5010, 0x5020],
             &[Some(sp + 0x100), Some(sp + 0x200)],
