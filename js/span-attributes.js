@@ -206,10 +206,32 @@ class AttributeSchema {
     return size;
   }
 
-  /** putText for a value given as text (or anything: unpublishable values are skipped). */
+  /**
+   * putText for a value given as text (or anything: unpublishable values
+   * are skipped). ASCII text, what names, routes and ids almost always
+   * are, is written from its characters: a Map lookup of a string hashes
+   * it, and span names are often built per span (a fresh string each
+   * time). Other text goes through its cached UTF-8 bytes.
+   */
   putText(out, at, size, capacity, position, value) {
     const text = attributeText(value);
-    return text === undefined ? size : this.put(out, at, size, capacity, position, valueBytesOf(text));
+    if (text === undefined) return size;
+    const length = text.length < MAX_VALUE_BYTES ? text.length : MAX_VALUE_BYTES;
+    if (size + 2 + length <= capacity) {
+      const offset = this.entryAt(out, at, size, capacity, position, length);
+      if (offset < 0) return size;
+      let k = 0;
+      for (; k < length; k++) {
+        const c = text.charCodeAt(k);
+        if (c >= 0x80) break;
+        out[offset + k] = c;
+      }
+      if (k === length) return size + 2 + length;
+    }
+    // Not ASCII (its UTF-8 is longer than its characters: the entry is
+    // written again), or no room for as many bytes as characters (cut at
+    // a character boundary, its UTF-8 may still fit).
+    return this.put(out, at, size, capacity, position, valueBytesOf(text));
   }
 
   /**
