@@ -144,9 +144,22 @@ class SpanRecordSlot extends Stamp {
     return #record in span ? span.#record : undefined;
   }
 
-  static set(span, record) {
-    if (#record in span) span.#record = record;
-    else new SpanRecordSlot(span, record);
+  /**
+   * Gives a record to a span get() just found without one, with no second
+   * brand check; a record given to it meanwhile (a getter of the span
+   * entering a context that holds it) is replaced.
+   */
+  static add(span, record) {
+    try {
+      new SpanRecordSlot(span, record);
+    } catch {
+      span.#record = record;
+    }
+  }
+
+  /** Replaces the record of a span that has one. */
+  static replace(span, record) {
+    span.#record = record;
   }
 }
 const records = SpanRecordSlot;
@@ -379,7 +392,8 @@ function recordOf(span) {
     knownRoot = cached.root;
   }
   const record = newRecord(span, knownRoot);
-  records.set(span, record);
+  if (cached === undefined) records.add(span, record);
+  else records.replace(span, record);
   return record;
 }
 
@@ -402,7 +416,7 @@ function spanEnded(span) {
   localRoot.spanEnded(span, record.root);
   if (!record.ended) end(record);
   // The span publishes nothing from now on, as its ended record did.
-  records.set(span, null);
+  records.replace(span, null);
 }
 
 /**

@@ -53,9 +53,23 @@ class WrapperSlot extends Stamp {
     return #wrapper in context ? context.#wrapper : undefined;
   }
 
-  static set(context, wrapper) {
-    if (#wrapper in context) context.#wrapper = wrapper;
-    else new WrapperSlot(context, wrapper);
+  /** Replaces the wrapper of a context that has one. */
+  static replace(context, wrapper) {
+    context.#wrapper = wrapper;
+  }
+
+  /**
+   * Gives a wrapper to a context get() just found without one, with no
+   * second brand check (an `in` on an object without the field is one of
+   * the costlier steps of a context's first entry). Code run in between may
+   * have given it one (a context whose getValue() enters it): replaced.
+   */
+  static add(context, wrapper) {
+    try {
+      new WrapperSlot(context, wrapper);
+    } catch {
+      context.#wrapper = wrapper;
+    }
   }
 }
 const wrappers = WrapperSlot;
@@ -69,8 +83,8 @@ function noSpanWrapper(context) {
   return new ContextWrapper(noSpanRecord.slab.buffer, noSpanRecord.byteOffset, HEADER_RECORD_SIZE, context, null);
 }
 
-/** A new wrapper of `context` (an object), remembered for it. */
-function newWrapper(context) {
+/** A new wrapper of `context` (an object), remembered for it; `had`: whether it had one. */
+function newWrapper(context, had) {
   let record = null;
   try {
     if (typeof context.getValue === 'function') record = spanRecords.recordOf(trace.getSpan(context));
@@ -79,7 +93,8 @@ function newWrapper(context) {
   }
   const wrapper =
     record === null ? noSpanWrapper(context) : new ContextWrapper(record.slab.buffer, record.byteOffset, record.size, context, record);
-  wrappers.set(context, wrapper);
+  if (had) wrappers.replace(context, wrapper);
+  else wrappers.add(context, wrapper);
   return wrapper;
 }
 
@@ -106,7 +121,7 @@ function storeFor(context) {
       // Rewrites the record in place when it can; else a new wrapper.
       if (spanRecords.recordOf(record.span) === record) return cached;
     }
-    return newWrapper(context);
+    return newWrapper(context, cached !== undefined);
   } catch (error) {
     spanRecords.reportUnreadableSpan(error);
     return noSpanWrapper(context);

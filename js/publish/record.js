@@ -136,9 +136,9 @@ class StoreSlot extends Stamp {
     return #store in context ? context.#store : undefined;
   }
 
-  static set(context, store) {
-    if (#store in context) context.#store = store;
-    else new StoreSlot(context, store);
+  /** Gives a store to a context get() just found without one (nothing runs in between). */
+  static add(context, store) {
+    new StoreSlot(context, store);
   }
 }
 
@@ -169,7 +169,7 @@ function storeFor(context) {
     store = StoreSlot.get(context);
     if (store === undefined) {
       store = new RecordStore(context, NO_SPAN);
-      StoreSlot.set(context, store);
+      StoreSlot.add(context, store);
       store.record = recordFor(context);
     } else {
       const record = store.record;
