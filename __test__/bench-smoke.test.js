@@ -147,3 +147,27 @@ test('bench/run.js --kinds runs the interleaved suites with the managers chosen,
   assert.strictEqual(refused.status, 2);
   assert.match(refused.stderr, /--kinds: unknown kind nosuch/);
 });
+
+test('bench/cold-spans.js prints, warm and cold, every variant\'s time per unit and its extra per span over stock', () => {
+  const r = spawnSync(process.execPath, ['bench/cold-spans.js', '--rounds', '1', '--units', '20', '--warm-ups', '50'], {
+    cwd: ROOT,
+    encoding: 'utf8',
+    timeout: 120000,
+  });
+  assert.strictEqual(r.status, 0, r.stderr);
+  const frame = /ours in frame mode/.test(r.stdout);
+  for (const condition of ['warm', 'cold']) {
+    for (const kind of ['stock', 'bare', 'ours', ...(frame ? ['record'] : [])]) {
+      const line = r.stdout.split('\n').find((l) => l.startsWith(`${condition} ${kind} `));
+      assert.ok(line, `no ${condition} ${kind} line:\n${r.stdout}`);
+      assert.match(line, /\d+\.\d\d µs per unit \[\d+\.\d\d, \d+\.\d\d\] {2}\d+\.\d\dx stock/);
+      if (kind !== 'stock') assert.match(line, /-?\d+ ns per span over stock$/);
+    }
+  }
+});
+
+test('bench/cold-spans.js refuses a bad argument', () => {
+  const r = spawnSync(process.execPath, ['bench/cold-spans.js', '--rounds', '0'], { cwd: ROOT, encoding: 'utf8' });
+  assert.notStrictEqual(r.status, 0);
+  assert.match(r.stderr, /RangeError: --rounds must be a positive integer/);
+});

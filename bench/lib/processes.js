@@ -165,4 +165,4 @@ async function settledCpuNs(pid, { stepMs = 1, maxSteps = 50 } = {}) {
   return { ns: last, steps: maxSteps };
 }
 
-module.exports = { ROOT, canPin, runCase, startCase, processCpuNs, threadsCpuNs, settledCpuNs, CLOCK_TICKS };
+module.exports = { ROOT, canPin, command, lastJson, runCase, startCase, processCpuNs, threadsCpuNs, settledCpuNs, CLOCK_TICKS };
