@@ -50,8 +50,9 @@ function validateKeys(keys, option = 'attributes') {
 }
 
 /**
- * The published bytes of short texts seen recently (span names, routes and
- * local root ids repeat from span to span): encoded once, not per span.
+ * The published UTF-8 bytes of short texts seen recently that are written
+ * from bytes (non-ASCII ones: see putText), encoded once, not per span
+ * (names and routes repeat from span to span).
  */
 const recentValues = new Map();
 const RECENT_VALUES = 512;
