@@ -200,3 +200,22 @@ test('invalid options throw and nothing is published', () => {
   const after = published();
   assert.deepStrictEqual(after, before);
 });
+
+test('a value left out for want of room leaves no byte behind past what was encoded', () => {
+  const { AttributeSchema } = require('../js/span-attributes');
+  const schema = new AttributeSchema(['x.long.a', 'x.long.b', 'x.long.c']);
+  // 257 + 257 bytes, then 90 characters (room for them as ASCII) whose
+  // UTF-8 (140 bytes) does not fit in what is left of 612.
+  const late = 'a'.repeat(40) + 'é'.repeat(50);
+  const span = { attributes: { 'x.long.a': 'z'.repeat(300), 'x.long.b': 'y'.repeat(300), 'x.long.c': late } };
+  const out = new Uint8Array(700);
+  const size = schema.encodeInto(out, 20, 612, span, null, null);
+  assert.strictEqual(size, 514);
+  assert.ok(out.subarray(0, 20).every((b) => b === 0), 'bytes before the entries written');
+  assert.ok(out.subarray(20 + size).every((b) => b === 0), 'bytes written past the encoded entries');
+  // With room, the same value is encoded whole as UTF-8.
+  const roomy = new Uint8Array(700);
+  const whole = schema.encodeInto(roomy, 0, 700, span, null, null);
+  assert.strictEqual(whole, 514 + 2 + Buffer.byteLength(late));
+  assert.strictEqual(Buffer.from(roomy.subarray(516, whole)).toString('utf8'), late);
+});

@@ -228,10 +228,17 @@ class AttributeSchema {
         out[offset + k] = c;
       }
       if (k === length) return size + 2 + length;
+      // Not ASCII: the entry is written again from its UTF-8 bytes, over
+      // what was written here (they are at least as long). Left out whole
+      // when they do not fit, and then nothing of it stays behind: a new
+      // record is encoded in place, and the bytes past it are the next
+      // record's, which must start zeroed.
+      const next = this.put(out, at, size, capacity, position, valueBytesOf(text));
+      if (next === size) out.fill(0, at + size, offset + k);
+      return next;
     }
-    // Not ASCII (its UTF-8 is longer than its characters: the entry is
-    // written again), or no room for as many bytes as characters (cut at
-    // a character boundary, its UTF-8 may still fit).
+    // No room for as many bytes as characters: cut at a character
+    // boundary, its UTF-8 may still fit.
     return this.put(out, at, size, capacity, position, valueBytesOf(text));
   }
 
