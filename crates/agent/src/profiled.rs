@@ -16,6 +16,7 @@ use otel_thread_ctx_profiler::symbolize::Collector;
 use otel_thread_ctx_profiler::unwind::{choose, chosen_frame_pointers, StackUnwinder};
 use otel_thread_ctx_profiler::v8::JsFrames;
 use otel_thread_ctx_profiler::{model, perf_map, threadpool};
+use otel_thread_ctx_reader::memory::ProcessMemory;
 use otel_thread_ctx_reader::tasks;
 
 pub struct Profiled {
@@ -44,6 +45,9 @@ pub struct Profiled {
     /// The latest process context read (resource, key map): an exited
     /// process keeps the last one.
     context: (Option<Resource>, Vec<String>),
+    /// Its memory, opened once, for re-reading the process context (none
+    /// when it could not be opened: the context stays as first found).
+    memory: Option<ProcessMemory>,
     /// The process exited: its last samples go out with the next export.
     pub exited: bool,
 }
@@ -78,6 +82,9 @@ impl Profiled {
             earlier_item_reads: Vec::new(),
             thread_names: HashMap::new(),
             context: (None, Vec::new()),
+            memory: otel_thread_ctx_reader::target::open_memory(found.pid)
+                .ok()
+                .map(|(_, memory)| memory),
             exited: false,
         };
         p.refresh();
@@ -131,7 +138,9 @@ impl Profiled {
     }
 
     /// Thread names as /proc shows them, and the process context (its key
-    /// map only grows: the latest names every index seen).
+    /// map only grows: the latest names every index seen), read from the
+    /// maps as they are now: the one read also renews the snapshot the
+    /// unwinder, V8's naming and the collector share.
     pub fn refresh(&mut self) {
         if self.exited {
             return;
@@ -142,20 +151,25 @@ impl Profiled {
                 self.thread_names.insert(tid as u32, name);
             }
         }
-        if let Some(found) = current_process_context(self.pid) {
-            self.context = found;
+        match &self.memory {
+            Some(memory) => {
+                if let Some(found) = current_process_context(&mut self.maps, memory) {
+                    self.context = found;
+                }
+            }
+            None => {
+                self.maps.reread();
+            }
         }
     }
 
     /// The samples since the last cut, with what names them; `None` when
     /// there are none.
     pub fn cut(&mut self) -> Option<Interval> {
+        // Each interval starts from the maps as they are now (refresh()
+        // reads them): mappings gone or replaced since would trigger no
+        // re-read of their own.
         self.refresh();
-        if !self.exited {
-            // Each interval starts from the maps as they are now: mappings
-            // gone or replaced since would trigger no re-read of their own.
-            self.maps.reread();
-        }
         if let Ok(js) = &mut self.js_frames {
             // Objects move and die over a long run: what was read of them
             // is read again each interval.

@@ -309,18 +309,19 @@ fn sample(
     let mut names_refreshed = Instant::now() - Duration::from_secs(1);
     let mut target_exited = false;
     let mut context = plan::process_context(&target.maps, &target.memory);
-    let mut take = |mut s: kernel::Sample, collector: &mut symbolize::Collector| {
-        for named in stacks.take(&mut maps, &mut s) {
-            collector.user_named(named);
-        }
-        for a in model::addresses_to_name(&s) {
-            collector.user(&mut maps, a);
-        }
-        for &a in &s.kernel_stack {
-            collector.kernel(a);
-        }
-        samples.push(s);
-    };
+    let mut take =
+        |mut s: kernel::Sample, maps: &mut ProcessMaps, collector: &mut symbolize::Collector| {
+            for named in stacks.take(maps, &mut s) {
+                collector.user_named(named);
+            }
+            for a in model::addresses_to_name(&s) {
+                collector.user(maps, a);
+            }
+            for &a in &s.kernel_stack {
+                collector.kernel(a);
+            }
+            samples.push(s);
+        };
     loop {
         if otel_thread_ctx_reader::signals::requested().is_some()
             || started.elapsed() >= opts.duration
@@ -338,7 +339,7 @@ fn sample(
             }
             names_refreshed = Instant::now();
             // The key map only grows: the latest one names every index seen.
-            if let Some(found) = current_process_context(pid) {
+            if let Some(found) = current_process_context(&mut maps, &target.memory) {
                 context = found;
             }
             if tasks::process_exited(pid) {
@@ -352,16 +353,16 @@ fn sample(
             .duration
             .saturating_sub(started.elapsed())
             .min(Duration::from_millis(100));
-        loaded.poll(left, |s| take(s, &mut collector));
+        loaded.poll(left, |s| take(s, &mut maps, &mut collector));
     }
-    loaded.poll(Duration::ZERO, |s| take(s, &mut collector));
+    loaded.poll(Duration::ZERO, |s| take(s, &mut maps, &mut collector));
     let item_reads = loaded.take_item_reads();
     let lost = loaded.lost();
     let pool_items = loaded.pool_items();
     drop(loaded);
     let duration_ns = started.elapsed().as_nanos() as u64;
     if !target_exited {
-        if let Some(found) = current_process_context(pid) {
+        if let Some(found) = current_process_context(&mut maps, &target.memory) {
             context = found;
         }
     }

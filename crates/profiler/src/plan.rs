@@ -2,14 +2,15 @@
 //! profiler reads of the process context.
 
 use otel_thread_ctx_otlp::Resource;
-use otel_thread_ctx_reader::maps::{self, Mapping};
+use otel_thread_ctx_reader::maps::Mapping;
 use otel_thread_ctx_reader::memory::Memory;
 use otel_thread_ctx_reader::process_context::{self, Lookup};
 use otel_thread_ctx_reader::schema::Schema;
-use otel_thread_ctx_reader::target::{self, Target};
+use otel_thread_ctx_reader::target::Target;
 use otel_thread_ctx_reader::tls;
 
 use crate::kernel;
+use crate::process_maps::ProcessMaps;
 use crate::threadpool;
 
 /// How a pool thread's running request is read at sample time in process
@@ -87,11 +88,15 @@ pub fn process_context(maps: &[Mapping], memory: &dyn Memory) -> (Option<Resourc
     }
 }
 
-/// Re-reads the process context of a live process; `None` when it is gone
-/// or publishes none.
-pub fn current_process_context(pid: i32) -> Option<(Option<Resource>, Vec<String>)> {
-    let maps = maps::read(pid).ok()?;
-    let (_, memory) = target::open_memory(pid).ok()?;
-    let found = process_context(&maps, &memory);
+/// Re-reads the process context of a live process from `maps` read again
+/// now (the snapshot the unwinder, V8's naming and the symbolizer share, so
+/// this one read of `/proc/<pid>/maps` serves them too) and its `memory`;
+/// `None` when it is gone or publishes none.
+pub fn current_process_context(
+    maps: &mut ProcessMaps,
+    memory: &dyn Memory,
+) -> Option<(Option<Resource>, Vec<String>)> {
+    maps.reread();
+    let found = process_context(maps.mappings(), memory);
     (found.0.is_some() || !found.1.is_empty()).then_some(found)
 }
