@@ -15,6 +15,15 @@ pub const REFRESH_EVERY: Duration = Duration::from_millis(200);
 /// Most addresses remembered as unmapped; all are forgotten past it.
 const MAX_UNMAPPED: usize = 4096;
 
+/// Whether a read of the maps could place `addr` as code: not in the first
+/// page (the kernel maps nothing there), and not a word whose low half is
+/// zero, which is how a V8 small integer looks on the stack (a walk that
+/// went astray reads them as return addresses; an instruction after a call
+/// all but never sits at a multiple of 4 GiB).
+fn may_be_code(addr: u64) -> bool {
+    addr >= 0x1000 && addr & 0xffff_ffff != 0
+}
+
 type Reader = Box<dyn FnMut() -> io::Result<Vec<Mapping>> + Send>;
 
 /// The mappings of one process as last read, re-read (at most every
@@ -102,11 +111,12 @@ impl ProcessMaps {
     }
 
     /// Re-reads the maps because no mapping covers `addr`: not when one
-    /// does, when a read was tried within the refresh interval, or when
-    /// `addr` was left unmapped right after an earlier read. Returns
-    /// whether the maps changed.
+    /// does, when `addr` cannot be code, when a read was tried within the
+    /// refresh interval, or when `addr` was left unmapped right after an
+    /// earlier read. Returns whether the maps changed.
     pub fn reread_for(&mut self, addr: u64) -> bool {
         if self.index(addr).is_some()
+            || !may_be_code(addr)
             || self.unmapped.contains(&addr)
             || self.refreshed.elapsed() < self.refresh_every
         {
@@ -229,6 +239,25 @@ mod tests {
     }
 
     #[test]
+    fn an_address_that_cannot_be_code_reads_nothing() {
+        let (mut maps, next, reads) = counted(vec![mapping(0x1000, 0x2000)], Duration::ZERO);
+        // The first page, and V8 small integers as a walk gone astray
+        // reads them (the value in the high half, zeros in the low).
+        for addr in [0, 0x24, 0xfff, 0x1_0000_0000, 0x7f12_0000_0000] {
+            assert!(maps.find_or_reread(addr).is_none(), "{addr:#x}");
+        }
+        assert_eq!(reads.load(Ordering::Relaxed), 0);
+        // Mapped meanwhile, such an address is placed by a read another
+        // address triggers.
+        next.lock()
+            .unwrap()
+            .push(mapping(0x7f11_ffff_f000, 0x7f12_0000_1000));
+        assert!(maps.find_or_reread(0x7f12_0000_0010).is_some());
+        assert_eq!(reads.load(Ordering::Relaxed), 1);
+        assert!(maps.find(0x7f12_0000_0000).is_some());
+    }
+
+    #[test]
     fn no_read_within_the_refresh_interval() {
         let (mut maps, next, reads) =
             counted(vec![mapping(0x1000, 0x2000)], Duration::from_secs(3600));
@@ -295,7 +324,7 @@ mod tests {
     fn the_addresses_remembered_as_unmapped_are_bounded() {
         let (mut maps, _, reads) = counted(Vec::new(), Duration::ZERO);
         for i in 0..MAX_UNMAPPED as u64 + 1 {
-            maps.reread_for(i);
+            maps.reread_for(0x10_0000 + i);
         }
         assert!(maps.unmapped.len() <= MAX_UNMAPPED);
         assert_eq!(reads.load(Ordering::Relaxed), MAX_UNMAPPED + 1);
