@@ -139,19 +139,58 @@ class LocalRoot {
     this.sharedAs = null;
     /** Joined from another thread's root: its values are that root's, never this thread's spans'. */
     this.inherited = false;
-    /** Bumped whenever `values` changes. */
+    /** Bumped whenever `endpoint` changes. */
     this.version = 0;
-    /** Endpoint values by key (text); null until the first one. */
-    this.values = null;
-    /** Keys whose value came from the local root itself (it then wins); null until one did. */
-    this.fromRoot = null;
+    /**
+     * The endpoint values as [key, text, fromRoot] triples, null until the
+     * first; `fromRoot`: the value came from the local root itself, which
+     * then wins. A tree has one or two endpoint keys: a short array scanned
+     * by key allocates less per request than a Map and a Set.
+     */
+    this.endpoint = null;
     /** The first of the live records of the tree, linked through `nextInTree` (./span-records.js). */
     this.records = null;
   }
 
+  /** Where `key`'s triple starts in `endpoint`, or -1. */
+  indexOf(key) {
+    const endpoint = this.endpoint;
+    if (endpoint !== null) {
+      for (let i = 0; i < endpoint.length; i += 3) if (endpoint[i] === key) return i;
+    }
+    return -1;
+  }
+
   /** The endpoint value of `key`, or undefined. */
   value(key) {
-    return this.values === null ? undefined : this.values.get(key);
+    const at = this.indexOf(key);
+    return at < 0 ? undefined : this.endpoint[at + 1];
+  }
+
+  /**
+   * Sets `key`'s value, `own` when it came from the local root itself;
+   * returns whether the value changed.
+   */
+  put(key, text, own) {
+    const at = this.indexOf(key);
+    if (at < 0) {
+      // The first triple as a literal: an empty array's first push would
+      // reserve room for many more.
+      if (this.endpoint === null) this.endpoint = [key, text, own];
+      else this.endpoint.push(key, text, own);
+      return true;
+    }
+    const endpoint = this.endpoint;
+    if (own) endpoint[at + 2] = true;
+    if (endpoint[at + 1] === text) return false;
+    endpoint[at + 1] = text;
+    return true;
+  }
+
+  /** Whether `key`'s value came from the local root itself. */
+  fromRoot(key) {
+    const at = this.indexOf(key);
+    return at >= 0 && this.endpoint[at + 2] === true;
   }
 
   /** Takes the endpoint attributes `span` (of this tree) carries now. Cannot throw. */
@@ -165,11 +204,8 @@ class LocalRoot {
       for (let i = 0; i < endpointKeys.length; i++) {
         const key = endpointKeys[i];
         const text = attributeText(attributes[key]);
-        if (text === undefined || (!own && this.fromRoot !== null && this.fromRoot.has(key))) continue;
-        if (own) (this.fromRoot ??= new Set()).add(key);
-        if (this.values !== null && this.values.get(key) === text) continue;
-        (this.values ??= new Map()).set(key, text);
-        bumped = true;
+        if (text === undefined || (!own && this.fromRoot(key))) continue;
+        if (this.put(key, text, own)) bumped = true;
       }
       if (bumped) {
         this.version++;
@@ -228,7 +264,8 @@ function traceIdOf(span) {
 function share(root, traceId) {
   try {
     const values = [];
-    if (root.values !== null) for (const [key, text] of root.values) values.push(key, text);
+    const endpoint = root.endpoint;
+    if (endpoint !== null) for (let i = 0; i < endpoint.length; i += 3) values.push(endpoint[i], endpoint[i + 1]);
     binding.traceRootPublish(traceId, root.spanId, values);
     root.sharedAs = traceId;
   } catch {
@@ -264,14 +301,7 @@ function newLocalRoot(span, place = assign) {
       const root = new LocalRoot(span, found.rootSpanId);
       root.inherited = true;
       const texts = found.values;
-      if (texts.length !== 0) {
-        root.values = new Map();
-        root.fromRoot = new Set();
-        for (let i = 0; i + 1 < texts.length; i += 2) {
-          root.values.set(texts[i], texts[i + 1]);
-          root.fromRoot.add(texts[i]);
-        }
-      }
+      for (let i = 0; i + 1 < texts.length; i += 2) root.put(texts[i], texts[i + 1], true);
       return place(span, root);
     }
   }
