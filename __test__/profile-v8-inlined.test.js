@@ -91,24 +91,46 @@ test('profile: functions V8 inlined are named in CPU and wait stacks, without --
     assert.strictEqual(again.code, 0, again.stderr);
     const raw = spawnSync(go, ['tool', 'pprof', '-raw', pb], { encoding: 'utf8' });
     assert.strictEqual(raw.status, 0, raw.stderr);
-    const locations = raw.stdout.slice(raw.stdout.indexOf('Locations'));
-    const at = new Map();
-    for (const [, name, line] of locations.matchAll(/ (JS:\w+) \S+ \[jit\]:(\d+):/g)) {
-      if (!at.has(name)) at.set(name, new Set());
-      at.get(name).add(Number(line));
+    const text = raw.stdout;
+    const locations = text.slice(text.indexOf('Locations'));
+    // Each JavaScript location's function and line; line 0 is "no line"
+    // (interpreted and baseline frames: their source position table is
+    // not read).
+    const placeOf = new Map();
+    for (const [, id, name, line] of locations.matchAll(/^\s*(\d+): \S+ M=\d+ (JS:\w+) \S+ \[jit\]:(\d+):/gm)) {
+      placeOf.set(Number(id), { name, line: Number(line) });
     }
-    const expected = {
+    const stacks = [...text.slice(text.indexOf('Samples'), text.indexOf('Locations')).matchAll(/^\s*(?:\d+\s+)+\d+:((?: \d+)+)\s*$/gm)].map(
+      ([, ids]) => ids.trim().split(/\s+/).map((id) => placeOf.get(Number(id))),
+    );
+    assert.ok(stacks.length > 0, `no samples in:\n${text.slice(0, 3000)}`);
+    const known = (name) => [...new Set(stacks.flat().filter((f) => f?.name === name && f.line !== 0).map((f) => f.line))];
+    const callLine = (needle) => linesOf(needle, needle)[0];
+    // Each function's frames are within its own lines: the inlined ones
+    // where they ran, each loop wherever its own code was (its call, its
+    // loop test, its return)...
+    const bodies = {
       'JS:burnSmall': linesOf('function burnSmall(', 'return y;'),
-      'JS:burnLoop': [linesOf('x = burnSmall(x, i)', 'x = burnSmall(x, i)')[0], linesOf('x = burnSmall(x, i)', 'x = burnSmall(x, i)')[0]],
-      'JS:waitSmall': linesOf('return Atomics.wait(', 'return Atomics.wait('),
-      'JS:waitLoop': linesOf('if (waitSmall(ms)', 'if (waitSmall(ms)'),
+      'JS:burnLoop': linesOf('function burnLoop(', 'return x;'),
+      'JS:waitSmall': linesOf('function waitSmall(', 'return Atomics.wait('),
+      'JS:waitLoop': linesOf('function waitLoop(', 'return timedOut;'),
     };
-    for (const [name, [first, last]] of Object.entries(expected)) {
-      const lines = [...(at.get(name) ?? [])];
+    for (const [name, [first, last]] of Object.entries(bodies)) {
+      const lines = known(name);
       assert.ok(lines.length > 0, `${name} has no location with a line:\n${locations.slice(0, 3000)}`);
       assert.ok(lines.every((l) => l >= first && l <= last), `${name} at lines ${lines.join(', ')}, not within ${first}-${last}`);
     }
+    // ...and a caller right above the function it inlined is at the line
+    // of that call (or at no line, where the caller is not optimized).
+    for (const [callee, caller, line] of [
+      ['JS:burnSmall', 'JS:burnLoop', callLine('x = burnSmall(x, i)')],
+      ['JS:waitSmall', 'JS:waitLoop', callLine('if (waitSmall(ms)')],
+    ]) {
+      const callers = stacks.flatMap((stack) => stack.filter((f, i) => f?.name === caller && stack[i - 1]?.name === callee).map((f) => f.line));
+      assert.ok(callers.includes(line), `${caller} never at line ${line} above ${callee}: ${callers.join(', ')}`);
+      assert.ok(callers.every((l) => l === line || l === 0), `${caller} above ${callee} at lines ${[...new Set(callers)].join(', ')}, not ${line}`);
+    }
     // The burning happens in the inner loop's line.
-    assert.ok(at.get('JS:burnSmall').has(linesOf('for (let k = 0', 'for (let k = 0')[0]), [...at.get('JS:burnSmall')].join(', '));
+    assert.ok(known('JS:burnSmall').includes(callLine('for (let k = 0')), known('JS:burnSmall').join(', '));
   });
 });
