@@ -168,8 +168,9 @@ class LocalRoot {
   }
 
   /**
-   * Sets `key`'s value, `own` when it came from the local root itself;
-   * returns whether the value changed.
+   * Sets `key`'s value, `own` when it came from the local root itself; a
+   * value the local root set is kept against any other span's. Returns
+   * whether the value changed.
    */
   put(key, text, own) {
     const at = this.indexOf(key);
@@ -182,15 +183,10 @@ class LocalRoot {
     }
     const endpoint = this.endpoint;
     if (own) endpoint[at + 2] = true;
+    else if (endpoint[at + 2] === true) return false;
     if (endpoint[at + 1] === text) return false;
     endpoint[at + 1] = text;
     return true;
-  }
-
-  /** Whether `key`'s value came from the local root itself. */
-  fromRoot(key) {
-    const at = this.indexOf(key);
-    return at >= 0 && this.endpoint[at + 2] === true;
   }
 
   /** Takes the endpoint attributes `span` (of this tree) carries now. Cannot throw. */
@@ -204,8 +200,7 @@ class LocalRoot {
       for (let i = 0; i < endpointKeys.length; i++) {
         const key = endpointKeys[i];
         const text = attributeText(attributes[key]);
-        if (text === undefined || (!own && this.fromRoot(key))) continue;
-        if (this.put(key, text, own)) bumped = true;
+        if (text !== undefined && this.put(key, text, own)) bumped = true;
       }
       if (bumped) {
         this.version++;
