@@ -196,10 +196,6 @@ function exited(child, ms = 10000) {
   });
 }
 
-/**
- * Why `otel-thread-ctx profile` cannot run here, or null: `reader` is the
- * reader's path (null when it is not built).
- */
 /** Runs `reader profile --pid <pid> <args>` in `cwd`; resolves to its exit code and stderr. */
 function runProfile(reader, pid, args, cwd) {
   return new Promise((resolve) => {
@@ -210,6 +206,10 @@ function runProfile(reader, pid, args, cwd) {
   });
 }
 
+/**
+ * Why `otel-thread-ctx profile` cannot run here, or null: `reader` is the
+ * reader's path (null when it is not built).
+ */
 function profileUnavailable(reader) {
   if (reader === null) return 'the reader is not built (npm install builds it)';
   if (process.getuid() !== 0) return 'profile loads BPF programs: run the tests as root';

@@ -248,6 +248,9 @@ test('profile without privileges or target says why', { skip: READER === null ? 
 function capabilityTrialUnavailable() {
   if (READER === null) return 'the reader is not built';
   if (process.getuid() !== 0) return 'not root: cannot run the reader as another user';
+  // A build without the BPF program says so before it looks at capabilities.
+  const sampler = profileUnavailable(READER);
+  if (sampler !== null) return sampler;
   for (const tool of ['setpriv', 'setcap']) {
     const r = spawnSync(tool, ['--version'], { encoding: 'utf8' });
     if (r.error) return `${tool} is not installed`;

@@ -79,10 +79,12 @@ pub enum AgentError {
 /// Runs until SIGINT/SIGTERM, then exports once more and returns the
 /// summary lines.
 pub fn run(opts: &Options) -> Result<Vec<String>, AgentError> {
-    otel_thread_ctx_profiler::check()?;
+    // A usage error first: it says the same whatever the build and the
+    // privileges.
     if opts.output_dir.is_none() && opts.endpoint.is_none() {
         return Err(AgentError::NoDestination);
     }
+    otel_thread_ctx_profiler::check()?;
     let files = match &opts.output_dir {
         Some(dir) => Some(
             files::Files::new(dir, opts.output_max_bytes).map_err(|source| {
