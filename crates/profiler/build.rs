@@ -26,11 +26,17 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CLANG");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     std::fs::write(out_dir.join(ABI_HEADER), abi_header()).expect("cannot write the ABI header");
-    match compile(&out_dir, &out_dir.join("profile.bpf.o")) {
+    let object = out_dir.join("profile.bpf.o");
+    match compile(&out_dir, &object) {
         Ok(()) => println!("cargo:rustc-cfg=profile_bpf"),
         Err(reason) => {
             println!("cargo:warning=`otel-thread-ctx profile` is left out: {reason}");
             println!("cargo:rustc-env=PROFILE_BPF_UNAVAILABLE={reason}");
+            // Cargo reruns a build script while a file it watches is
+            // missing: the next build tries again, so installing clang and
+            // rebuilding is enough (as the error tells users to do).
+            let _ = std::fs::remove_file(&object);
+            println!("cargo:rerun-if-changed={}", object.display());
         }
     }
 }
