@@ -25,6 +25,12 @@ const major = Number(process.versions.node.split('.')[0]);
 // deoptimization translations instead, which are not read yet.
 const todo = major >= 26 ? 'V8 14 positions most inlined calls in loops in the caller; translations are not read yet' : false;
 
+// V8 14 (Node.js 26) writes the source position tables of bytecode with
+// code offsets that the encoding read here (V8's own up to 13, and still
+// that of optimized code) places past the bytecodes: the check refuses
+// them, and interpreted frames there have no line.
+const interpretedLinesTodo = major >= 26 ? 'V8 14 encodes the bytecode offsets of bytecode position tables differently; not read yet' : false;
+
 /** The 1-based lines of the fixture from the one holding `from` to the one holding `to`. */
 function linesOf(from, to) {
   const text = fs.readFileSync(TARGET, 'utf8');
@@ -36,6 +42,46 @@ function linesOf(from, to) {
 const fn = (frame) => frame.split(' ')[0];
 
 const profile = (pid, args, cwd) => runProfile(READER, pid, args, cwd);
+
+/**
+ * The stacks of a pprof file as `go tool pprof -raw` reads them, leaf
+ * first: each JavaScript frame as { name, line } (line 0: no line), other
+ * frames undefined.
+ */
+function pprofStacks(go, pb) {
+  const raw = spawnSync(go, ['tool', 'pprof', '-raw', pb], { encoding: 'utf8' });
+  assert.strictEqual(raw.status, 0, raw.stderr);
+  const text = raw.stdout;
+  const locations = text.slice(text.indexOf('Locations'));
+  const placeOf = new Map();
+  for (const [, id, name, line] of locations.matchAll(/^\s*(\d+): \S+ M=\d+ (JS:\w+) \S+ \[jit\]:(\d+):/gm)) {
+    placeOf.set(Number(id), { name, line: Number(line) });
+  }
+  const stacks = [...text.slice(text.indexOf('Samples'), text.indexOf('Locations')).matchAll(/^\s*(?:\d+\s+)+\d+:((?: \d+)+)\s*$/gm)].map(
+    ([, ids]) => ids.trim().split(/\s+/).map((id) => placeOf.get(Number(id))),
+  );
+  assert.ok(stacks.length > 0, `no samples in:\n${text.slice(0, 3000)}`);
+  return stacks;
+}
+
+/** Each function's first and last line in the fixture. */
+const BODIES = {
+  'JS:burnSmall': ['function burnSmall(', 'return y;'],
+  'JS:burnLoop': ['function burnLoop(', 'return x;'],
+  'JS:waitSmall': ['function waitSmall(', 'return Atomics.wait('],
+  'JS:waitLoop': ['function waitLoop(', 'return timedOut;'],
+};
+
+/** Each call of a small function in its loop: callee, caller, the call's text. */
+const CALLS = [
+  ['JS:burnSmall', 'JS:burnLoop', 'x = burnSmall(x, i)'],
+  ['JS:waitSmall', 'JS:waitLoop', 'if (waitSmall(ms)'],
+];
+
+/** The lines of `caller`'s frames right above a frame of `callee`. */
+function callerLines(stacks, callee, caller) {
+  return stacks.flatMap((stack) => stack.filter((f, i) => f?.name === caller && stack[i - 1]?.name === callee).map((f) => f.line));
+}
 
 /** Whether `callee` is named right above `caller` in the stack. */
 function calls(stack, caller, callee) {
@@ -89,48 +135,65 @@ test('profile: functions V8 inlined are named in CPU and wait stacks, without --
     const pb = path.join(tmp, 'profile.pb.gz');
     const again = await profile(ids.pid, ['--duration', '2', '--off-cpu=all', '--format', 'pprof', '-o', pb], tmp);
     assert.strictEqual(again.code, 0, again.stderr);
-    const raw = spawnSync(go, ['tool', 'pprof', '-raw', pb], { encoding: 'utf8' });
-    assert.strictEqual(raw.status, 0, raw.stderr);
-    const text = raw.stdout;
-    const locations = text.slice(text.indexOf('Locations'));
-    // Each JavaScript location's function and line; line 0 is "no line"
-    // (interpreted and baseline frames: their source position table is
-    // not read).
-    const placeOf = new Map();
-    for (const [, id, name, line] of locations.matchAll(/^\s*(\d+): \S+ M=\d+ (JS:\w+) \S+ \[jit\]:(\d+):/gm)) {
-      placeOf.set(Number(id), { name, line: Number(line) });
-    }
-    const stacks = [...text.slice(text.indexOf('Samples'), text.indexOf('Locations')).matchAll(/^\s*(?:\d+\s+)+\d+:((?: \d+)+)\s*$/gm)].map(
-      ([, ids]) => ids.trim().split(/\s+/).map((id) => placeOf.get(Number(id))),
-    );
-    assert.ok(stacks.length > 0, `no samples in:\n${text.slice(0, 3000)}`);
+    const stacks = pprofStacks(go, pb);
     const known = (name) => [...new Set(stacks.flat().filter((f) => f?.name === name && f.line !== 0).map((f) => f.line))];
     const callLine = (needle) => linesOf(needle, needle)[0];
     // Each function's frames are within its own lines: the inlined ones
     // where they ran, each loop wherever its own code was (its call, its
     // loop test, its return)...
-    const bodies = {
-      'JS:burnSmall': linesOf('function burnSmall(', 'return y;'),
-      'JS:burnLoop': linesOf('function burnLoop(', 'return x;'),
-      'JS:waitSmall': linesOf('function waitSmall(', 'return Atomics.wait('),
-      'JS:waitLoop': linesOf('function waitLoop(', 'return timedOut;'),
-    };
-    for (const [name, [first, last]] of Object.entries(bodies)) {
+    for (const [name, [from, to]] of Object.entries(BODIES)) {
+      const [first, last] = linesOf(from, to);
       const lines = known(name);
-      assert.ok(lines.length > 0, `${name} has no location with a line:\n${locations.slice(0, 3000)}`);
+      assert.ok(lines.length > 0, `${name} has no location with a line`);
       assert.ok(lines.every((l) => l >= first && l <= last), `${name} at lines ${lines.join(', ')}, not within ${first}-${last}`);
     }
     // ...and a caller right above the function it inlined is at the line
-    // of that call (or at no line, where the caller is not optimized).
-    for (const [callee, caller, line] of [
-      ['JS:burnSmall', 'JS:burnLoop', callLine('x = burnSmall(x, i)')],
-      ['JS:waitSmall', 'JS:waitLoop', callLine('if (waitSmall(ms)')],
-    ]) {
-      const callers = stacks.flatMap((stack) => stack.filter((f, i) => f?.name === caller && stack[i - 1]?.name === callee).map((f) => f.line));
+    // of that call, or at no line: a baseline frame (Sparkplug code), whose
+    // table from instructions to bytecode offsets is not read.
+    for (const [callee, caller, call] of CALLS) {
+      const line = callLine(call);
+      const callers = callerLines(stacks, callee, caller);
       assert.ok(callers.includes(line), `${caller} never at line ${line} above ${callee}: ${callers.join(', ')}`);
       assert.ok(callers.every((l) => l === line || l === 0), `${caller} above ${callee} at lines ${[...new Set(callers)].join(', ')}, not ${line}`);
     }
     // The burning happens in the inner loop's line.
     assert.ok(known('JS:burnSmall').includes(callLine('for (let k = 0')), known('JS:burnSmall').join(', '));
+  });
+});
+
+test('profile: interpreted frames (a target run with --jitless) are named at their lines', { skip: skip ?? (goTool() ? false : 'no Go toolchain: go tool pprof cannot read the profile') }, async (t) => {
+  const tmp = scratchDir('otel-thread-ctx-v8-interpreted-');
+  const target = spawn(process.execPath, ['--jitless', TARGET], { stdio: ['ignore', 'pipe', 'inherit'] });
+  t.after(async () => {
+    target.kill('SIGKILL');
+    await exited(target);
+    fs.rmSync(tmp, { recursive: true, force: true });
+  });
+  const ids = await jsonLines(target.stdout).next('the target line');
+  const pb = path.join(tmp, 'profile.pb.gz');
+  const r = await profile(ids.pid, ['--duration', '3', '--off-cpu=all', '--format', 'pprof', '-o', pb], tmp);
+  assert.strictEqual(r.code, 0, r.stderr);
+  assert.match(r.stderr, /\d+ interpreted frames?\b/, r.stderr);
+  const stacks = pprofStacks(goTool(), pb);
+  // No JIT: every frame of these functions is interpreted, and each has a
+  // line within its function (Node.js's own functions may have none: V8
+  // collects their source positions only when something asks). The
+  // innermost frame's may be where the function last called out (the
+  // interpreter keeps its offset in a register in between), so only
+  // callers are held to exact lines.
+  await t.test('lines', { todo: interpretedLinesTodo }, () => {
+    for (const [name, [from, to]] of Object.entries(BODIES)) {
+      const [first, last] = linesOf(from, to);
+      const frames = stacks.flat().filter((f) => f?.name === name);
+      assert.ok(frames.length > 0, `no frame of ${name}`);
+      const lines = [...new Set(frames.map((f) => f.line))];
+      assert.ok(lines.every((l) => l >= first && l <= last), `${name} at lines ${lines.join(', ')}, not within ${first}-${last}`);
+    }
+    for (const [callee, caller, call] of CALLS) {
+      const line = linesOf(call, call)[0];
+      const callers = callerLines(stacks, callee, caller);
+      assert.ok(callers.length > 0, `${caller} never above ${callee}`);
+      assert.ok(callers.every((l) => l === line), `${caller} above ${callee} at lines ${[...new Set(callers)].join(', ')}, not ${line}`);
+    }
   });
 });

@@ -429,6 +429,19 @@ fn sample(
                     count(counts.not_expanded, "JIT frame", "JIT frames")
                 ));
             }
+            if counts.interpreted_without_line > 0 {
+                let frames = count(
+                    counts.interpreted_without_line,
+                    "interpreted frame",
+                    "interpreted frames",
+                );
+                notes.push(match &counts.first_line_failure {
+                    Some(reason) => format!("{frames} without a line (first: {reason})"),
+                    None => format!(
+                        "{frames} without a line: V8 had not collected their bytecode's source positions"
+                    ),
+                });
+            }
             if let Some(reason) = &counts.first_failure {
                 notes.push(format!(
                     "V8's heap did not name {} (first: {reason}): the perf map names those",

@@ -64,9 +64,9 @@ fn decode_source_position(raw: u64) -> (Option<u64>, Option<u64>) {
 
 /// One entry of a source position table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Entry {
-    code_offset: u64,
-    script_offset: Option<u64>,
+pub(super) struct Entry {
+    pub(super) code_offset: u64,
+    pub(super) script_offset: Option<u64>,
     inlining_id: Option<u64>,
 }
 
@@ -88,7 +88,7 @@ fn read_varint(bytes: &[u8], at: &mut usize) -> Option<i64> {
 /// Decodes a source position table: pairs of deltas, the code offset's
 /// (its sign says whether the entry is a statement) then the position's.
 /// Code offsets never decrease; a table that breaks that is not one.
-fn decode_table(bytes: &[u8]) -> Result<Vec<Entry>, String> {
+pub(super) fn decode_table(bytes: &[u8]) -> Result<Vec<Entry>, String> {
     let mut entries = Vec::new();
     let (mut at, mut code_offset, mut position) = (0usize, 0i64, 0i64);
     while at < bytes.len() {
@@ -564,7 +564,7 @@ fn object_of_types(
     }
 }
 
-fn invalid(what: &'static str, detail: impl Into<String>) -> HeapError {
+pub(super) fn invalid(what: &'static str, detail: impl Into<String>) -> HeapError {
     HeapError::Invalid {
         what,
         detail: detail.into(),
@@ -572,7 +572,11 @@ fn invalid(what: &'static str, detail: impl Into<String>) -> HeapError {
 }
 
 /// The bytes of a byte array: a Smi length after the map, then the bytes.
-fn read_bytes(heap: &Heap<'_>, array: Object, what: &'static str) -> Result<Vec<u8>, HeapError> {
+pub(super) fn read_bytes(
+    heap: &Heap<'_>,
+    array: Object,
+    what: &'static str,
+) -> Result<Vec<u8>, HeapError> {
     let len = heap.smi_field(what, array, heap.meta.fixed_array_length)?;
     let len = u64::try_from(len)
         .ok()
@@ -595,7 +599,7 @@ pub(crate) mod tests {
 
     /// A SourcePosition at `offset` in the inlining `id` (None: the code's
     /// own function).
-    fn position(offset: u64, id: Option<u64>) -> u64 {
+    pub(crate) fn position(offset: u64, id: Option<u64>) -> u64 {
         ((offset + 1) << 1) | (id.map_or(0, |i| i + 1) << 31)
     }
 
@@ -612,7 +616,7 @@ pub(crate) mod tests {
     }
 
     /// A source position table: (code offset, statement, position).
-    fn table(entries: &[(u64, bool, u64)]) -> Vec<u8> {
+    pub(crate) fn table(entries: &[(u64, bool, u64)]) -> Vec<u8> {
         let (mut out, mut code, mut pos) = (Vec::new(), 0i64, 0i64);
         for &(c, statement, p) in entries {
             let delta = c as i64 - code;
@@ -623,7 +627,7 @@ pub(crate) mod tests {
         out
     }
 
-    fn byte_array(h: &mut FakeHeap, bytes: &[u8]) -> u64 {
+    pub(crate) fn byte_array(h: &mut FakeHeap, bytes: &[u8]) -> u64 {
         let a = h.object(
             fake::TRUSTED_BYTE_ARRAY_TYPE,
             1 + bytes.len() as u64 / 8 + 1,
@@ -639,7 +643,7 @@ pub(crate) mod tests {
         a
     }
 
-    fn array(h: &mut FakeHeap, t: u16, items: &[u64]) -> u64 {
+    pub(crate) fn array(h: &mut FakeHeap, t: u16, items: &[u64]) -> u64 {
         let a = h.object(t, 1 + items.len() as u64);
         h.set(a, 8, smi(items.len() as i64));
         for (i, &w) in items.iter().enumerate() {

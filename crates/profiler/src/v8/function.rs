@@ -479,7 +479,9 @@ mod tests {
 /// callers.
 #[cfg(test)]
 pub(crate) mod fake {
-    use super::super::metadata::{CodeLayout, OwnFunction, StringFields, StringTags};
+    use super::super::metadata::{
+        BytecodeLayout, CodeLayout, OwnFunction, StringFields, StringTags,
+    };
     use super::*;
     use otel_thread_ctx_reader::memory::MemoryError;
 
@@ -554,6 +556,12 @@ pub(crate) mod fake {
                 thin_actual: 16,
             },
             code: Ok(code_layout()),
+            bytecode: Ok(BytecodeLayout {
+                data: 64,
+                table_slots: [24, 32, 40],
+                byte_array_types: vec![TRUSTED_BYTE_ARRAY_TYPE],
+                fixed_array_types: vec![FIXED_ARRAY_TYPE],
+            }),
         }
     }
 

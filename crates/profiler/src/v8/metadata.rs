@@ -243,6 +243,72 @@ pub struct Metadata {
     /// How optimized code says which functions it inlined, or why this
     /// binary's metadata cannot tell.
     pub code: Result<CodeLayout, String>,
+    /// Where an interpreted frame's bytecode finds its source position
+    /// table, or why this binary's metadata cannot tell.
+    pub bytecode: Result<BytecodeLayout, String>,
+}
+
+/// Where a BytecodeArray keeps its bytecodes and the table from a bytecode
+/// offset to a script position.
+///
+/// The metadata names the bytecodes' start and the tagged fields before
+/// three that it leaves unnamed: the constant pool, the handler table and
+/// the source position table, one after the other in one order or its
+/// reverse (V8 reversed it when bytecode moved to trusted space). So the
+/// table is found per object: the constant pool is the fixed array at one
+/// end, the handler table the byte array next to it, and the position
+/// table the byte array at the other end (or nothing, where V8 has not
+/// collected the positions).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BytecodeLayout {
+    /// Offset of the first bytecode from the object's untagged address:
+    /// an interpreted frame's offset slot holds the offset from the
+    /// object's tagged address.
+    pub data: u64,
+    /// The three unnamed slots, by address.
+    pub table_slots: [u64; 3],
+    pub byte_array_types: Vec<u16>,
+    pub fixed_array_types: Vec<u16>,
+}
+
+impl BytecodeLayout {
+    fn from_symbols(s: &Symbols, tagged_slot: u64) -> Result<BytecodeLayout, MetadataError> {
+        let data = s.require_field("BytecodeArray", "data")?;
+        // The last tagged field the metadata names: the wrapper (V8 12
+        // on), else the length.
+        let last_named = match s.field("BytecodeArray", "wrapper")? {
+            Some(wrapper) => wrapper,
+            None => match s.field("BytecodeArray", "length")? {
+                Some(length) => length,
+                None => s.require_field("FixedArrayBase", "length")?,
+            },
+        };
+        let table_slots = [1, 2, 3].map(|i| last_named + i * tagged_slot);
+        if table_slots[2] + tagged_slot > data {
+            return Err(MetadataError::Unsupported(format!(
+                "BytecodeArray: no room for three tagged fields between offset {last_named} and the bytecodes at {data}"
+            )));
+        }
+        let types = |classes: &[&str]| -> Vec<u16> {
+            classes
+                .iter()
+                .filter_map(|c| s.instance_type(c).ok())
+                .collect()
+        };
+        let byte_array_types = types(&["ByteArray", "TrustedByteArray"]);
+        let fixed_array_types = types(&["FixedArray", "TrustedFixedArray"]);
+        if byte_array_types.is_empty() || fixed_array_types.is_empty() {
+            return Err(MetadataError::Missing(
+                "type_{,Trusted}ByteArray__* or type_{,Trusted}FixedArray__*".into(),
+            ));
+        }
+        Ok(BytecodeLayout {
+            data,
+            table_slots,
+            byte_array_types,
+            fixed_array_types,
+        })
+    }
 }
 
 /// Which function a slot of the deoptimization data names the code's own
@@ -492,6 +558,8 @@ impl Metadata {
             string_fields,
             code: CodeLayout::from_symbols(s, s.require("TaggedSize")? as u64)
                 .map_err(|e| e.to_string()),
+            bytecode: BytecodeLayout::from_symbols(s, s.require("TaggedSize")? as u64)
+                .map_err(|e| e.to_string()),
         })
     }
 
@@ -605,6 +673,19 @@ pub(crate) mod tests {
                 major >= 22,
                 "Node.js {major}"
             );
+            // Bytecode: the three unnamed slots follow the length (Node.js
+            // 20) or the wrapper (22 on), and precede the bytecodes.
+            let bytecode = m
+                .bytecode
+                .as_ref()
+                .unwrap_or_else(|e| panic!("Node.js {major}: {e}"));
+            let expected_slots = if major >= 22 {
+                [24, 32, 40]
+            } else {
+                [16, 24, 32]
+            };
+            assert_eq!(bytecode.table_slots, expected_slots, "Node.js {major}");
+            assert!(bytecode.data >= 48, "Node.js {major}: {}", bytecode.data);
         }
     }
 

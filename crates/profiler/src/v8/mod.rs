@@ -10,6 +10,7 @@
 //! binary lacks a constant, or an object read fails its checks, the frame
 //! is left to the perf map ([`crate::perf_map`]).
 
+pub mod bytecode;
 pub mod code;
 pub mod function;
 pub mod heap;
@@ -27,6 +28,7 @@ use otel_thread_ctx_reader::elf::MappedFile;
 use otel_thread_ctx_reader::maps::Mapping;
 use otel_thread_ctx_reader::memory::{Memory, ProcessMemory};
 
+use bytecode::BytecodePositions;
 use code::CodeFinder;
 pub use function::{JsFunction, Resolver};
 pub use metadata::{Metadata, MetadataError};
@@ -86,6 +88,9 @@ pub struct Counts {
     pub first_expand_failure: Option<String>,
     /// Interpreted frames named from V8.
     pub interpreted: u64,
+    /// Interpreted frames left without a line, and the first reason seen.
+    pub interpreted_without_line: u64,
+    pub first_line_failure: Option<String>,
     /// JIT frames V8 could not name (left to the perf map), and the first
     /// reason seen.
     pub unnamed: u64,
@@ -102,6 +107,9 @@ pub struct JsFrames {
     frames: HashMap<usize, (Arc<JsFunction>, Arc<Frame>)>,
     /// Optimized code and what it inlined, or why the binary cannot tell.
     code: Result<CodeFinder, String>,
+    /// Where interpreted frames are in their scripts, or why the binary
+    /// cannot tell.
+    bytecode: Result<BytecodePositions, String>,
     /// The frames one instruction of one Code stands for, by the Code,
     /// its own function and the instruction's offset.
     expansions: HashMap<(u64, u64, u64), Arc<[Frame]>>,
@@ -133,10 +141,12 @@ impl JsFrames {
     /// its heap through `memory`.
     pub fn with_memory(binary: String, meta: Metadata, memory: Box<dyn Memory + Send>) -> JsFrames {
         let code = meta.code.clone().map(CodeFinder::new);
+        let bytecode = meta.bytecode.clone().map(BytecodePositions::new);
         JsFrames {
             binary,
             memory,
             code,
+            bytecode,
             expansions: HashMap::new(),
             baseline: HashMap::new(),
             resolver: Resolver::new(meta),
@@ -159,6 +169,9 @@ impl JsFrames {
         self.baseline.clear();
         if let Ok(code) = &mut self.code {
             code.forget();
+        }
+        if let Ok(bytecode) = &mut self.bytecode {
+            bytecode.forget();
         }
     }
 
@@ -252,11 +265,16 @@ impl JsFrames {
                 // that pass every check of an interpreted frame are named,
                 // and the others are not failures.
                 Place::Binary => {
-                    if let Some(function) = self.interpreted_function_at(copy, fp) {
+                    if let Some((function, bytecode, offset)) =
+                        self.interpreted_function_at(copy, fp)
+                    {
                         self.counts.interpreted += 1;
-                        named
-                            .by_frame
-                            .push((i, Arc::from([self.frame_of(&function).as_ref().clone()])));
+                        let line = self.interpreted_line(&function, bytecode, offset);
+                        let frame = Frame {
+                            line,
+                            ..self.frame_of(&function).as_ref().clone()
+                        };
+                        named.by_frame.push((i, Arc::from([frame])));
                     }
                 }
                 Place::Elsewhere => {}
@@ -392,20 +410,58 @@ impl JsFrames {
 
     /// The function of the frame whose frame pointer is `fp`, when it is
     /// an interpreted JavaScript frame: a context, a Smi bytecode offset
-    /// and a BytecodeArray in their slots.
-    fn interpreted_function_at(&mut self, copy: &StackCopy, fp: u64) -> Option<Arc<JsFunction>> {
+    /// and a BytecodeArray in their slots. Returned with the BytecodeArray
+    /// (tagged) and the offset slot's value.
+    fn interpreted_function_at(
+        &mut self,
+        copy: &StackCopy,
+        fp: u64,
+    ) -> Option<(Arc<JsFunction>, u64, i64)> {
         let meta = self.resolver.metadata();
         let bytecode_type = meta.bytecode_array_type?;
         let offset = stack_word(copy, fp, meta.fp_bytecode_offset?)?;
         let bytecode = stack_word(copy, fp, meta.fp_bytecode_array?)?;
-        smi_value(offset).filter(|&o| o >= 0)?;
+        let offset = smi_value(offset).filter(|&o| o >= 0)?;
         if !self
             .resolver
             .is_of_type(self.memory.as_ref(), bytecode, bytecode_type)
         {
             return None;
         }
-        self.function_at(copy, fp).ok()
+        let function = self.function_at(copy, fp).ok()?;
+        Some((function, bytecode, offset))
+    }
+
+    /// The line an interpreted frame of `function` is at, from its
+    /// BytecodeArray and the value of its offset slot; a frame left
+    /// without one is counted.
+    fn interpreted_line(
+        &mut self,
+        function: &JsFunction,
+        bytecode: u64,
+        offset: i64,
+    ) -> Option<u32> {
+        let found = match &mut self.bytecode {
+            Ok(positions) => positions
+                .script_offset(
+                    &mut self.resolver.heap(self.memory.as_ref()),
+                    bytecode,
+                    offset,
+                )
+                .map_err(|e| e.to_string()),
+            Err(reason) => Err(reason.clone()),
+        };
+        let line = match found {
+            Ok(script_offset) => script_offset.and_then(|o| function.line_at(o)),
+            Err(reason) => {
+                self.counts.first_line_failure.get_or_insert(reason);
+                None
+            }
+        };
+        if line.is_none() {
+            self.counts.interpreted_without_line += 1;
+        }
+        line
     }
 }
 

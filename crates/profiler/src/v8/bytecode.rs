@@ -1,0 +1,278 @@
+//! Interpreted frames: from the bytecode offset a frame is at to the
+//! script position it runs, through its BytecodeArray's source position
+//! table (the table V8's own stack traces read).
+//!
+//! The metadata does not name the table's field (see
+//! [`BytecodeLayout`]), so each BytecodeArray is checked before its table
+//! is used: the constant pool and the handler table must be found by type
+//! where V8 keeps them, the table must decode, and no bytecode offset it
+//! lists may lie past the bytecodes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::code::{decode_table, invalid, read_bytes, Entry};
+use super::heap::{Heap, HeapError, Object};
+use super::metadata::BytecodeLayout;
+
+/// Most tables remembered; emptied past it.
+const MAX_CACHED_TABLES: usize = 4096;
+
+/// Reads the source positions of one process's interpreted frames.
+pub struct BytecodePositions {
+    layout: BytecodeLayout,
+    /// BytecodeArray (tagged) -> the table (tagged) it held when read, and
+    /// the table's entries. A hit is used only while the array still holds
+    /// that table: bytecode freed and another array placed there reads its
+    /// own.
+    tables: HashMap<u64, (u64, Arc<[Entry]>)>,
+}
+
+impl BytecodePositions {
+    pub fn new(layout: BytecodeLayout) -> BytecodePositions {
+        BytecodePositions {
+            layout,
+            tables: HashMap::new(),
+        }
+    }
+
+    /// Forgets every table read.
+    pub fn forget(&mut self) {
+        self.tables.clear();
+    }
+
+    /// The script offset an interpreted frame runs at: `bytecode` is the
+    /// frame's BytecodeArray (tagged), `raw_offset` the value of its
+    /// bytecode offset slot. None where V8 has not collected the
+    /// bytecode's positions, or the table has none at or before the offset.
+    pub fn script_offset(
+        &mut self,
+        heap: &mut Heap<'_>,
+        bytecode: u64,
+        raw_offset: i64,
+    ) -> Result<Option<u64>, HeapError> {
+        let array = heap.object("BytecodeArray", bytecode)?;
+        let length = heap.smi_field("BytecodeArray", array, heap.meta.fixed_array_length)?;
+        // The slot counts from the object's tagged address, the heap
+        // object tag (1) included: the bytecodes start one byte before
+        // `data` from there.
+        let offset = raw_offset - (self.layout.data as i64 - 1);
+        if !(0..length).contains(&offset) {
+            return Err(invalid(
+                "interpreted frame",
+                format!("bytecode offset {offset} outside the {length} bytecodes"),
+            ));
+        }
+        let Some((table_word, table)) = self.position_table(heap, array)? else {
+            return Ok(None);
+        };
+        let entries = match self.tables.get(&bytecode) {
+            Some((word, entries)) if *word == table_word => entries.clone(),
+            _ => {
+                let entries = decode_table(&read_bytes(heap, table, "source position table")?)
+                    .map_err(|e| invalid("bytecode source position table", e))?;
+                // An entry may sit right past the last bytecode (a
+                // position recorded after it), never further.
+                if let Some(past) = entries.iter().find(|e| e.code_offset > length as u64) {
+                    return Err(invalid(
+                        "bytecode source position table",
+                        format!(
+                            "bytecode offset {} outside the {length} bytecodes",
+                            past.code_offset
+                        ),
+                    ));
+                }
+                let entries: Arc<[Entry]> = entries.into();
+                if self.tables.len() >= MAX_CACHED_TABLES {
+                    self.tables.clear();
+                }
+                self.tables.insert(bytecode, (table_word, entries.clone()));
+                entries
+            }
+        };
+        let n = entries.partition_point(|e| e.code_offset <= offset as u64);
+        Ok(n.checked_sub(1).and_then(|i| entries[i].script_offset))
+    }
+
+    /// The source position table of `array` (its tagged word and the
+    /// object), or None where V8 has not collected it; an error when the
+    /// array's unnamed slots do not hold a constant pool and a handler
+    /// table where they must.
+    fn position_table(
+        &self,
+        heap: &mut Heap<'_>,
+        array: Object,
+    ) -> Result<Option<(u64, Object)>, HeapError> {
+        let l = &self.layout;
+        let mut words = [0u64; 3];
+        let mut objects = [None; 3];
+        for (i, &slot) in l.table_slots.iter().enumerate() {
+            words[i] = heap.field(array, slot)?;
+            // A Smi or a word that is no object is neither array.
+            objects[i] = heap.object("BytecodeArray field", words[i]).ok();
+        }
+        let of_types =
+            |o: Option<Object>, types: &[u16]| o.filter(|o| types.contains(&o.instance_type));
+        let constant_pool = |i: usize| of_types(objects[i], &l.fixed_array_types).is_some();
+        let handler_table = of_types(objects[1], &l.byte_array_types).is_some();
+        let at = match (constant_pool(0), constant_pool(2)) {
+            (true, false) if handler_table => 2,
+            (false, true) if handler_table => 0,
+            _ => {
+                return Err(invalid(
+                    "BytecodeArray",
+                    "no constant pool and handler table where V8 keeps them",
+                ))
+            }
+        };
+        Ok(of_types(objects[at], &l.byte_array_types).map(|table| (words[at], table)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::code::tests::{array, byte_array, position, table};
+    use super::super::function::fake::{self, smi, FakeHeap};
+    use super::*;
+    use std::collections::HashMap;
+
+    /// Node.js 24's layout: the table first, the constant pool last.
+    fn layout() -> BytecodeLayout {
+        BytecodeLayout {
+            data: 64,
+            table_slots: [24, 32, 40],
+            byte_array_types: vec![fake::TRUSTED_BYTE_ARRAY_TYPE],
+            fixed_array_types: vec![fake::FIXED_ARRAY_TYPE],
+        }
+    }
+
+    /// A BytecodeArray of `length` bytecodes whose three unnamed slots hold
+    /// `slots`.
+    fn bytecode(h: &mut FakeHeap, length: i64, slots: [u64; 3]) -> u64 {
+        let b = h.object(fake::BYTECODE_ARRAY_TYPE, 8 + (length as u64).div_ceil(8));
+        h.set(b, 8, smi(length));
+        for (i, w) in slots.into_iter().enumerate() {
+            h.set(b, 24 + 8 * i as u64, w);
+        }
+        b
+    }
+
+    /// The offset slot's value for bytecode offset `offset`.
+    fn raw(offset: i64) -> i64 {
+        offset + 63
+    }
+
+    fn offset_at(
+        h: &FakeHeap,
+        positions: &mut BytecodePositions,
+        b: u64,
+        raw: i64,
+    ) -> Result<Option<u64>, HeapError> {
+        let meta = fake::metadata(true);
+        let mut maps = HashMap::new();
+        let mut heap = Heap::new(h, &meta, &mut maps);
+        positions.script_offset(&mut heap, b, raw)
+    }
+
+    #[test]
+    fn an_offset_runs_at_the_last_position_at_or_before_it() {
+        let mut h = FakeHeap::new();
+        let positions = byte_array(
+            &mut h,
+            &table(&[
+                (0, true, position(100, None)),
+                (5, false, position(120, None)),
+                (12, true, position(140, None)),
+            ]),
+        );
+        let handlers = byte_array(&mut h, &[]);
+        let pool = array(&mut h, fake::FIXED_ARRAY_TYPE, &[]);
+        let b = bytecode(&mut h, 20, [positions, handlers, pool]);
+        let mut p = BytecodePositions::new(layout());
+        for (offset, want) in [
+            (0, 100),
+            (4, 100),
+            (5, 120),
+            (11, 120),
+            (12, 140),
+            (19, 140),
+        ] {
+            assert_eq!(
+                offset_at(&h, &mut p, b, raw(offset)),
+                Ok(Some(want)),
+                "offset {offset}"
+            );
+        }
+        // Past the bytecodes, or before them: the frame is not at this array.
+        assert!(offset_at(&h, &mut p, b, raw(20)).is_err());
+        assert!(offset_at(&h, &mut p, b, raw(-1)).is_err());
+    }
+
+    #[test]
+    fn the_reversed_order_of_older_v8_is_read_the_same() {
+        let mut h = FakeHeap::new();
+        let positions = byte_array(&mut h, &table(&[(0, true, position(7, None))]));
+        let handlers = byte_array(&mut h, &[]);
+        let pool = array(&mut h, fake::FIXED_ARRAY_TYPE, &[]);
+        let b = bytecode(&mut h, 4, [pool, handlers, positions]);
+        let mut p = BytecodePositions::new(layout());
+        assert_eq!(offset_at(&h, &mut p, b, raw(2)), Ok(Some(7)));
+    }
+
+    #[test]
+    fn positions_not_collected_give_no_offset_and_misplaced_tables_an_error() {
+        let mut h = FakeHeap::new();
+        let handlers = byte_array(&mut h, &[]);
+        let pool = array(&mut h, fake::FIXED_ARRAY_TYPE, &[]);
+        let undefined = h.undefined;
+        let uncollected = bytecode(&mut h, 4, [undefined, handlers, pool]);
+        let mut p = BytecodePositions::new(layout());
+        assert_eq!(offset_at(&h, &mut p, uncollected, raw(1)), Ok(None));
+
+        // Two byte arrays and no constant pool: which is the table cannot
+        // be told.
+        let positions = byte_array(&mut h, &table(&[(0, true, position(7, None))]));
+        let no_pool = bytecode(&mut h, 4, [positions, handlers, positions]);
+        assert!(offset_at(&h, &mut p, no_pool, raw(1)).is_err());
+        // A Smi where the handler table should be.
+        let no_handlers = bytecode(&mut h, 4, [positions, smi(3), pool]);
+        assert!(offset_at(&h, &mut p, no_handlers, raw(1)).is_err());
+    }
+
+    #[test]
+    fn a_table_that_lists_offsets_past_the_end_of_the_bytecodes_is_refused() {
+        let mut h = FakeHeap::new();
+        // A handler table read as positions would look like this.
+        let positions = byte_array(
+            &mut h,
+            &table(&[(0, true, position(7, None)), (40, true, position(9, None))]),
+        );
+        let handlers = byte_array(&mut h, &[]);
+        let pool = array(&mut h, fake::FIXED_ARRAY_TYPE, &[]);
+        let b = bytecode(&mut h, 8, [positions, handlers, pool]);
+        let mut p = BytecodePositions::new(layout());
+        let err = offset_at(&h, &mut p, b, raw(1)).unwrap_err();
+        assert!(err.to_string().contains("outside the 8 bytecodes"), "{err}");
+        // One right past the last bytecode is a position V8 records there.
+        let at_end = byte_array(
+            &mut h,
+            &table(&[(0, true, position(7, None)), (8, true, position(9, None))]),
+        );
+        let b = bytecode(&mut h, 8, [at_end, handlers, pool]);
+        assert_eq!(offset_at(&h, &mut p, b, raw(7)), Ok(Some(7)));
+    }
+
+    #[test]
+    fn a_cached_table_is_used_only_while_the_array_still_holds_it() {
+        let mut h = FakeHeap::new();
+        let first = byte_array(&mut h, &table(&[(0, true, position(7, None))]));
+        let second = byte_array(&mut h, &table(&[(0, true, position(70, None))]));
+        let handlers = byte_array(&mut h, &[]);
+        let pool = array(&mut h, fake::FIXED_ARRAY_TYPE, &[]);
+        let b = bytecode(&mut h, 4, [first, handlers, pool]);
+        let mut p = BytecodePositions::new(layout());
+        assert_eq!(offset_at(&h, &mut p, b, raw(0)), Ok(Some(7)));
+        h.set(b, 24, second);
+        assert_eq!(offset_at(&h, &mut p, b, raw(0)), Ok(Some(70)));
+    }
+}
