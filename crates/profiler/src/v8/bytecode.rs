@@ -21,11 +21,22 @@ const MAX_CACHED_TABLES: usize = 4096;
 /// Reads the source positions of one process's interpreted frames.
 pub struct BytecodePositions {
     layout: BytecodeLayout,
-    /// BytecodeArray (tagged) -> the table (tagged) it held when read, and
-    /// the table's entries. A hit is used only while the array still holds
-    /// that table: bytecode freed and another array placed there reads its
-    /// own.
-    tables: HashMap<u64, (u64, Arc<[Entry]>)>,
+    /// Each BytecodeArray's table (by the array's tagged address), used
+    /// only while the array still holds it: bytecode freed and another
+    /// array placed there reads its own, and positions V8 collects later
+    /// are read then.
+    tables: HashMap<u64, Table>,
+}
+
+/// One BytecodeArray's source position table, as read.
+#[derive(Clone)]
+struct Table {
+    /// Which of the layout's unnamed slots holds it, and its tagged word.
+    slot: usize,
+    word: u64,
+    /// The array's bytecode count.
+    length: i64,
+    entries: Arc<[Entry]>,
 }
 
 impl BytecodePositions {
@@ -51,58 +62,81 @@ impl BytecodePositions {
         bytecode: u64,
         raw_offset: i64,
     ) -> Result<Option<u64>, HeapError> {
-        let array = heap.object("BytecodeArray", bytecode)?;
-        let length = heap.smi_field("BytecodeArray", array, heap.meta.fixed_array_length)?;
         // The slot counts from the object's tagged address, the heap
         // object tag (1) included: the bytecodes start one byte before
         // `data` from there.
         let offset = raw_offset - (self.layout.data as i64 - 1);
-        if !(0..length).contains(&offset) {
-            return Err(invalid(
-                "interpreted frame",
-                format!("bytecode offset {offset} outside the {length} bytecodes"),
-            ));
-        }
-        let Some((table_word, table)) = self.position_table(heap, array)? else {
-            return Ok(None);
+        let array = heap.object("BytecodeArray", bytecode)?;
+        // A table read before, while the array still holds it: one read.
+        let known = match self.tables.get(&bytecode) {
+            Some(t) if heap.field(array, self.layout.table_slots[t.slot])? == t.word => {
+                Some(t.clone())
+            }
+            _ => None,
         };
-        let entries = match self.tables.get(&bytecode) {
-            Some((word, entries)) if *word == table_word => entries.clone(),
-            _ => {
-                let entries = decode_table(&read_bytes(heap, table, "source position table")?)
-                    .map_err(|e| invalid("bytecode source position table", e))?;
-                // An entry may sit right past the last bytecode (a
-                // position recorded after it), never further.
-                if let Some(past) = entries.iter().find(|e| e.code_offset > length as u64) {
-                    return Err(invalid(
-                        "bytecode source position table",
-                        format!(
-                            "bytecode offset {} outside the {length} bytecodes",
-                            past.code_offset
-                        ),
-                    ));
-                }
-                let entries: Arc<[Entry]> = entries.into();
+        let table = match known {
+            Some(t) => t,
+            None => {
+                let t = self.read_table(heap, array)?;
                 if self.tables.len() >= MAX_CACHED_TABLES {
                     self.tables.clear();
                 }
-                self.tables.insert(bytecode, (table_word, entries.clone()));
-                entries
+                self.tables.insert(bytecode, t.clone());
+                t
             }
         };
+        if !(0..table.length).contains(&offset) {
+            return Err(invalid(
+                "interpreted frame",
+                format!(
+                    "bytecode offset {offset} outside the {} bytecodes",
+                    table.length
+                ),
+            ));
+        }
+        let entries = &table.entries;
         let n = entries.partition_point(|e| e.code_offset <= offset as u64);
         Ok(n.checked_sub(1).and_then(|i| entries[i].script_offset))
     }
 
-    /// The source position table of `array` (its tagged word and the
-    /// object), or None where V8 has not collected it; an error when the
-    /// array's unnamed slots do not hold a constant pool and a handler
-    /// table where they must.
+    /// Reads and checks the source position table of `array`: no entries
+    /// where V8 has not collected it (until the slot changes).
+    fn read_table(&self, heap: &mut Heap<'_>, array: Object) -> Result<Table, HeapError> {
+        let length = heap.smi_field("BytecodeArray", array, heap.meta.fixed_array_length)?;
+        let (slot, word, table) = self.position_table(heap, array)?;
+        let entries = match table {
+            Some(table) => decode_table(&read_bytes(heap, table, "source position table")?)
+                .map_err(|e| invalid("bytecode source position table", e))?,
+            None => Vec::new(),
+        };
+        // An entry may sit right past the last bytecode (a position
+        // recorded after it), never further.
+        if let Some(past) = entries.iter().find(|e| e.code_offset > length as u64) {
+            return Err(invalid(
+                "bytecode source position table",
+                format!(
+                    "bytecode offset {} outside the {length} bytecodes",
+                    past.code_offset
+                ),
+            ));
+        }
+        Ok(Table {
+            slot,
+            word,
+            length,
+            entries: entries.into(),
+        })
+    }
+
+    /// Where `array` keeps its source position table (the index of the
+    /// slot and its tagged word) and the table, None where V8 has not
+    /// collected it; an error when the array's unnamed slots do not hold a
+    /// constant pool and a handler table where they must.
     fn position_table(
         &self,
         heap: &mut Heap<'_>,
         array: Object,
-    ) -> Result<Option<(u64, Object)>, HeapError> {
+    ) -> Result<(usize, u64, Option<Object>), HeapError> {
         let l = &self.layout;
         let mut words = [0u64; 3];
         let mut objects = [None; 3];
@@ -125,7 +159,7 @@ impl BytecodePositions {
                 ))
             }
         };
-        Ok(of_types(objects[at], &l.byte_array_types).map(|table| (words[at], table)))
+        Ok((at, words[at], of_types(objects[at], &l.byte_array_types)))
     }
 }
 
@@ -228,6 +262,10 @@ mod tests {
         let uncollected = bytecode(&mut h, 4, [undefined, handlers, pool]);
         let mut p = BytecodePositions::new(layout());
         assert_eq!(offset_at(&h, &mut p, uncollected, raw(1)), Ok(None));
+        // Collected later: read then.
+        let collected = byte_array(&mut h, &table(&[(0, true, position(5, None))]));
+        h.set(uncollected, 24, collected);
+        assert_eq!(offset_at(&h, &mut p, uncollected, raw(1)), Ok(Some(5)));
 
         // Two byte arrays and no constant pool: which is the table cannot
         // be told.
