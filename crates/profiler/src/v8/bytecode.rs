@@ -95,7 +95,7 @@ impl BytecodePositions {
             ));
         }
         let entries = &table.entries;
-        let n = entries.partition_point(|e| e.code_offset <= offset as u64);
+        let n = entries.partition_point(|e| e.code_offset <= offset);
         Ok(n.checked_sub(1).and_then(|i| entries[i].script_offset))
     }
 
@@ -111,7 +111,7 @@ impl BytecodePositions {
         };
         // An entry may sit right past the last bytecode (a position
         // recorded after it), never further.
-        if let Some(past) = entries.iter().find(|e| e.code_offset > length as u64) {
+        if let Some(past) = entries.iter().find(|e| e.code_offset > length) {
             return Err(invalid(
                 "bytecode source position table",
                 format!(

@@ -65,7 +65,8 @@ fn decode_source_position(raw: u64) -> (Option<u64>, Option<u64>) {
 /// One entry of a source position table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Entry {
-    pub(super) code_offset: u64,
+    /// -1 for the entry of a function's entry (bytecode only).
+    pub(super) code_offset: i64,
     pub(super) script_offset: Option<u64>,
     inlining_id: Option<u64>,
 }
@@ -87,10 +88,12 @@ fn read_varint(bytes: &[u8], at: &mut usize) -> Option<i64> {
 
 /// Decodes a source position table: pairs of deltas, the code offset's
 /// (its sign says whether the entry is a statement) then the position's.
-/// Code offsets never decrease; a table that breaks that is not one.
+/// Code offsets never decrease; a table that breaks that is not one. The
+/// first delta counts from -1, the offset V8 gives a function's entry (a
+/// bytecode table's first entry, where it has one).
 pub(super) fn decode_table(bytes: &[u8]) -> Result<Vec<Entry>, String> {
     let mut entries = Vec::new();
-    let (mut at, mut code_offset, mut position) = (0usize, 0i64, 0i64);
+    let (mut at, mut code_offset, mut position) = (0usize, -1i64, 0i64);
     while at < bytes.len() {
         let delta = read_varint(bytes, &mut at).ok_or("a truncated code offset")?;
         let delta = if delta >= 0 { delta } else { -(delta + 1) };
@@ -101,7 +104,7 @@ pub(super) fn decode_table(bytes: &[u8]) -> Result<Vec<Entry>, String> {
         position = position.wrapping_add(step);
         let (script_offset, inlining_id) = decode_source_position(position as u64);
         entries.push(Entry {
-            code_offset: code_offset as u64,
+            code_offset,
             script_offset,
             inlining_id,
         });
@@ -147,6 +150,7 @@ pub struct Inlining {
 impl CodeInfo {
     /// The functions at `offset` bytes into the instructions.
     pub fn at(&self, offset: u64) -> Result<Inlining, String> {
+        let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         let n = self.entries.partition_point(|e| e.code_offset <= offset);
         let Some(entry) = n.checked_sub(1).map(|i| self.entries[i]) else {
             return Ok(Inlining::default());
@@ -615,9 +619,10 @@ pub(crate) mod tests {
         }
     }
 
-    /// A source position table: (code offset, statement, position).
+    /// A source position table: (code offset, statement, position), its
+    /// deltas counted from -1 as V8 counts them.
     pub(crate) fn table(entries: &[(u64, bool, u64)]) -> Vec<u8> {
-        let (mut out, mut code, mut pos) = (Vec::new(), 0i64, 0i64);
+        let (mut out, mut code, mut pos) = (Vec::new(), -1i64, 0i64);
         for &(c, statement, p) in entries {
             let delta = c as i64 - code;
             put_varint(&mut out, if statement { delta } else { -delta - 1 });
@@ -759,6 +764,14 @@ pub(crate) mod tests {
                 inlining_id: Some(1)
             }
         );
+        // The start of a bytecode table as Node.js 24 wrote it: the
+        // function's entry (-1, an expression), then a statement at 0.
+        let start: Vec<_> = decode_table(&[0x01, 0x30, 0x02, 0x38])
+            .unwrap()
+            .iter()
+            .map(|e| (e.code_offset, e.script_offset))
+            .collect();
+        assert_eq!(start, [(-1, Some(11)), (0, Some(25))]);
         // Cut mid-number.
         assert!(decode_table(&bytes[..bytes.len() - 1]).is_err());
         assert!(decode_table(&[0x80; 12]).is_err());
