@@ -17,19 +17,6 @@ const { jsonLines, exited, profileUnavailable, scratchDir, goTool, runProfile } 
 const READER = require('../js/native').readerPath();
 const TARGET = path.join(__dirname, 'fixtures', 'inlined-work.js');
 const skip = profileUnavailable(READER);
-const major = Number(process.versions.node.split('.')[0]);
-
-// V8 14 (Node.js 26): the source position table of TurboFan code puts the
-// call in all but one copy of a loop's body in the caller, not in the
-// function inlined there; V8's own stack traces take calls from the
-// deoptimization translations instead, which are not read yet.
-const todo = major >= 26 ? 'V8 14 positions most inlined calls in loops in the caller; translations are not read yet' : false;
-
-// V8 14 (Node.js 26) writes the source position tables of bytecode with
-// code offsets that the encoding read here (V8's own up to 13, and still
-// that of optimized code) places past the bytecodes: the check refuses
-// them, and interpreted frames there have no line.
-const interpretedLinesTodo = major >= 26 ? 'V8 14 encodes the bytecode offsets of bytecode position tables differently; not read yet' : false;
 
 /** The 1-based lines of the fixture from the one holding `from` to the one holding `to`. */
 function linesOf(from, to) {
@@ -122,7 +109,7 @@ test('profile: functions V8 inlined are named in CPU and wait stacks, without --
   // Inlined frames carry the function's own place, as V8 names it.
   const leaf = burning.find((s) => calls(s.user_stack, 'JS:burnLoop', 'JS:burnSmall'));
   if (leaf !== undefined) assert.match(leaf.user_stack.find((f) => fn(f) === 'JS:burnSmall'), /inlined-work\.js:\d+:\d+$/);
-  await t.test('accuracy', { todo }, () => {
+  await t.test('accuracy', () => {
     assert.ok(burnNamed >= 0.99, report);
     assert.ok(waitNamed >= 0.95, report);
   });
@@ -181,7 +168,7 @@ test('profile: interpreted frames (a target run with --jitless) are named at the
   // innermost frame's may be where the function last called out (the
   // interpreter keeps its offset in a register in between), so only
   // callers are held to exact lines.
-  await t.test('lines', { todo: interpretedLinesTodo }, () => {
+  await t.test('lines', () => {
     for (const [name, [from, to]] of Object.entries(BODIES)) {
       const [first, last] = linesOf(from, to);
       const frames = stacks.flat().filter((f) => f?.name === name);

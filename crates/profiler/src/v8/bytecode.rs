@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::code::{decode_table, invalid, read_bytes, Entry};
 use super::heap::{Heap, HeapError, Object};
-use super::metadata::BytecodeLayout;
+use super::metadata::{BytecodeLayout, PositionEncoding};
 
 /// Most tables remembered; emptied past it.
 const MAX_CACHED_TABLES: usize = 4096;
@@ -105,8 +105,11 @@ impl BytecodePositions {
         let length = heap.smi_field("BytecodeArray", array, heap.meta.fixed_array_length)?;
         let (slot, word, table) = self.position_table(heap, array)?;
         let entries = match table {
-            Some(table) => decode_table(&read_bytes(heap, table, "source position table")?)
-                .map_err(|e| invalid("bytecode source position table", e))?,
+            Some(table) => decode_table(
+                &read_bytes(heap, table, "source position table")?,
+                self.layout.positions,
+            )
+            .map_err(|e| invalid("bytecode source position table", e))?,
             None => Vec::new(),
         };
         // An entry may sit right past the last bytecode (a position
@@ -177,6 +180,7 @@ mod tests {
             table_slots: [24, 32, 40],
             byte_array_types: vec![fake::TRUSTED_BYTE_ARRAY_TYPE],
             fixed_array_types: vec![fake::FIXED_ARRAY_TYPE],
+            positions: PositionEncoding::Signed,
         }
     }
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use otel_thread_ctx_abi::node_schema::smi_value;
 
 use super::heap::{Heap, HeapError, Object};
-use super::metadata::{CodeLayout, OwnFunction};
+use super::metadata::{CodeLayout, OwnFunction, PositionEncoding};
 
 /// Farthest back from an instruction its InstructionStream is looked for,
 /// and how many stream starts that do not hold it are passed on the way
@@ -71,32 +71,50 @@ pub(super) struct Entry {
     inlining_id: Option<u64>,
 }
 
-/// A zigzag-coded variable-length integer: 7 bits a byte, low first, the
-/// high bit set on every byte but the last.
-fn read_varint(bytes: &[u8], at: &mut usize) -> Option<i64> {
+/// A variable-length integer: 7 bits a byte, low first, the high bit set
+/// on every byte but the last.
+fn read_unsigned(bytes: &[u8], at: &mut usize) -> Option<u64> {
     let mut value: u64 = 0;
     for shift in (0..64).step_by(7) {
         let b = *bytes.get(*at)?;
         *at += 1;
         value |= u64::from(b & 0x7f) << shift;
         if b & 0x80 == 0 {
-            return Some((value >> 1) as i64 ^ -((value & 1) as i64));
+            return Some(value);
         }
     }
     None
 }
 
+/// A zigzag-coded variable-length integer.
+fn read_varint(bytes: &[u8], at: &mut usize) -> Option<i64> {
+    let value = read_unsigned(bytes, at)?;
+    Some((value >> 1) as i64 ^ -((value & 1) as i64))
+}
+
 /// Decodes a source position table: pairs of deltas, the code offset's
-/// (its sign says whether the entry is a statement) then the position's.
-/// Code offsets never decrease; a table that breaks that is not one. The
-/// first delta counts from -1, the offset V8 gives a function's entry (a
-/// bytecode table's first entry, where it has one).
-pub(super) fn decode_table(bytes: &[u8]) -> Result<Vec<Entry>, String> {
+/// (written as `encoding` says) then the position's (zigzag-coded). Code
+/// offsets never decrease; a table that breaks that is not one. The first
+/// delta counts from -1, the offset V8 gives a function's entry (a bytecode
+/// table's first entry, where it has one).
+pub(super) fn decode_table(bytes: &[u8], encoding: PositionEncoding) -> Result<Vec<Entry>, String> {
     let mut entries = Vec::new();
     let (mut at, mut code_offset, mut position) = (0usize, -1i64, 0i64);
     while at < bytes.len() {
-        let delta = read_varint(bytes, &mut at).ok_or("a truncated code offset")?;
-        let delta = if delta >= 0 { delta } else { -(delta + 1) };
+        let delta = match encoding {
+            PositionEncoding::Signed => {
+                let delta = read_varint(bytes, &mut at).ok_or("a truncated code offset")?;
+                if delta >= 0 {
+                    delta
+                } else {
+                    -(delta + 1)
+                }
+            }
+            PositionEncoding::Flagged => {
+                let raw = read_unsigned(bytes, &mut at).ok_or("a truncated code offset")?;
+                i64::try_from(raw >> 2).map_err(|_| "a code offset past range")?
+            }
+        };
         code_offset = code_offset
             .checked_add(delta)
             .ok_or("a code offset past range")?;
@@ -486,8 +504,11 @@ impl CodeFinder {
             &l.position_table_slots,
             &l.byte_array_types,
         )? {
-            info.entries = decode_table(&read_bytes(heap, table, "source position table")?)
-                .map_err(|e| invalid("source position table", e))?;
+            info.entries = decode_table(
+                &read_bytes(heap, table, "source position table")?,
+                l.positions,
+            )
+            .map_err(|e| invalid("source position table", e))?;
         }
         let count = smi_value(element(heap, l.inlined_function_count)?)
             .and_then(|n| u64::try_from(n).ok())
@@ -755,7 +776,7 @@ pub(crate) mod tests {
             (0, true, position(5, None)),
             (300, false, position(2, Some(1))),
         ]);
-        let entries = decode_table(&bytes).unwrap();
+        let entries = decode_table(&bytes, PositionEncoding::Signed).unwrap();
         assert_eq!(
             entries[1],
             Entry {
@@ -766,15 +787,26 @@ pub(crate) mod tests {
         );
         // The start of a bytecode table as Node.js 24 wrote it: the
         // function's entry (-1, an expression), then a statement at 0.
-        let start: Vec<_> = decode_table(&[0x01, 0x30, 0x02, 0x38])
-            .unwrap()
-            .iter()
-            .map(|e| (e.code_offset, e.script_offset))
-            .collect();
-        assert_eq!(start, [(-1, Some(11)), (0, Some(25))]);
+        let start = |bytes: &[u8], encoding| -> Vec<_> {
+            decode_table(bytes, encoding)
+                .unwrap()
+                .iter()
+                .map(|e| (e.code_offset, e.script_offset))
+                .collect()
+        };
+        assert_eq!(
+            start(&[0x01, 0x30, 0x02, 0x38], PositionEncoding::Signed),
+            [(-1, Some(11)), (0, Some(25))]
+        );
+        // The same two entries as Node.js 26 wrote them (V8 14): the code
+        // offset's delta shifted by two, the entries breakable.
+        assert_eq!(
+            start(&[0x02, 0x2c, 0x07, 0x38], PositionEncoding::Flagged),
+            [(-1, Some(10)), (0, Some(24))]
+        );
         // Cut mid-number.
-        assert!(decode_table(&bytes[..bytes.len() - 1]).is_err());
-        assert!(decode_table(&[0x80; 12]).is_err());
+        assert!(decode_table(&bytes[..bytes.len() - 1], PositionEncoding::Signed).is_err());
+        assert!(decode_table(&[0x80; 12], PositionEncoding::Signed).is_err());
     }
 
     #[test]

@@ -480,7 +480,7 @@ mod tests {
 #[cfg(test)]
 pub(crate) mod fake {
     use super::super::metadata::{
-        BytecodeLayout, CodeLayout, OwnFunction, StringFields, StringTags,
+        BytecodeLayout, CodeLayout, OwnFunction, PositionEncoding, StringFields, StringTags,
     };
     use super::*;
     use otel_thread_ctx_reader::memory::MemoryError;
@@ -561,6 +561,7 @@ pub(crate) mod fake {
                 table_slots: [24, 32, 40],
                 byte_array_types: vec![TRUSTED_BYTE_ARRAY_TYPE],
                 fixed_array_types: vec![FIXED_ARRAY_TYPE],
+                positions: PositionEncoding::Signed,
             }),
         }
     }
@@ -577,6 +578,7 @@ pub(crate) mod fake {
             position_table_slots: vec![0x8, 0x10],
             deoptimization_data_slots: vec![0x8, 0x10],
             byte_array_types: vec![TRUSTED_BYTE_ARRAY_TYPE],
+            positions: PositionEncoding::Signed,
             deoptimization_data_types: vec![PROTECTED_FIXED_ARRAY_TYPE],
             literal_array_types: vec![TRUSTED_WEAK_FIXED_ARRAY_TYPE],
             baseline_data_types: vec![BYTECODE_ARRAY_TYPE],

@@ -18,6 +18,13 @@ use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
 /// Prefix of every metadata symbol.
 const PREFIX: &str = "v8dbg_";
 
+/// V8's own version numbers (`v8::internal::Version::major_`, `minor_`),
+/// kept among the constants under these names.
+const VERSION_SYMBOLS: [(&str, &str); 2] = [
+    ("_ZN2v88internal7Version6major_E", "version_major"),
+    ("_ZN2v88internal7Version6minor_E", "version_minor"),
+];
+
 /// Most context locals a ScopeInfo is read with: past this, its slots are
 /// not read (the function is named by the perf map).
 pub const MAX_CONTEXT_LOCALS: u64 = 1024;
@@ -50,7 +57,8 @@ impl Symbols {
         let mut found = HashMap::new();
         for symbol in file.dynamic_symbols().chain(file.symbols()) {
             let Ok(name) = symbol.name() else { continue };
-            let Some(name) = name.strip_prefix(PREFIX) else {
+            let version = VERSION_SYMBOLS.iter().find(|(mangled, _)| *mangled == name);
+            let Some(name) = name.strip_prefix(PREFIX).or(version.map(|(_, kept)| *kept)) else {
                 continue;
             };
             if found.contains_key(name) {
@@ -79,7 +87,10 @@ impl Symbols {
             };
             found.insert(name.to_string(), value);
         }
-        if found.is_empty() {
+        if !found
+            .keys()
+            .any(|name| name.contains("__") || name.starts_with("off_"))
+        {
             return Err(MetadataError::NoMetadata);
         }
         Ok(Symbols(found))
@@ -248,6 +259,26 @@ pub struct Metadata {
     pub bytecode: Result<BytecodeLayout, String>,
 }
 
+/// How a source position table writes each entry's code offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PositionEncoding {
+    /// A signed delta whose sign says whether the entry is a statement
+    /// (V8 up to 13).
+    Signed,
+    /// An unsigned delta shifted left by two, below it whether the entry
+    /// is breakable and whether it is a statement (V8 14 on).
+    Flagged,
+}
+
+impl PositionEncoding {
+    fn from_symbols(s: &Symbols) -> PositionEncoding {
+        match s.get("version_major") {
+            Some(major) if major >= 14 => PositionEncoding::Flagged,
+            _ => PositionEncoding::Signed,
+        }
+    }
+}
+
 /// Where a BytecodeArray keeps its bytecodes and the table from a bytecode
 /// offset to a script position.
 ///
@@ -269,6 +300,7 @@ pub struct BytecodeLayout {
     pub table_slots: [u64; 3],
     pub byte_array_types: Vec<u16>,
     pub fixed_array_types: Vec<u16>,
+    pub positions: PositionEncoding,
 }
 
 impl BytecodeLayout {
@@ -307,6 +339,7 @@ impl BytecodeLayout {
             table_slots,
             byte_array_types,
             fixed_array_types,
+            positions: PositionEncoding::from_symbols(s),
         })
     }
 }
@@ -352,6 +385,8 @@ pub struct CodeLayout {
     /// deoptimization data, of its literal array, and of what baseline
     /// code keeps where optimized code keeps its deoptimization data.
     pub byte_array_types: Vec<u16>,
+    /// How the source position tables are written.
+    pub positions: PositionEncoding,
     pub deoptimization_data_types: Vec<u16>,
     pub literal_array_types: Vec<u16>,
     pub baseline_data_types: Vec<u16>,
@@ -433,6 +468,7 @@ impl CodeLayout {
             position_table_slots,
             deoptimization_data_slots,
             byte_array_types,
+            positions: PositionEncoding::from_symbols(s),
             deoptimization_data_types,
             literal_array_types: types(&[
                 "FixedArray",
@@ -686,6 +722,13 @@ pub(crate) mod tests {
             };
             assert_eq!(bytecode.table_slots, expected_slots, "Node.js {major}");
             assert!(bytecode.data >= 48, "Node.js {major}: {}", bytecode.data);
+            // V8 14 (Node.js 26) writes position tables with flag bits.
+            let positions = if major >= 26 {
+                PositionEncoding::Flagged
+            } else {
+                PositionEncoding::Signed
+            };
+            assert_eq!((bytecode.positions, code.positions), (positions, positions));
         }
     }
 
