@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::code::{decode_table, invalid, read_bytes, Entry};
 use super::heap::{Heap, HeapError, Object};
-use super::metadata::{BytecodeLayout, PositionEncoding};
+use super::metadata::BytecodeLayout;
 
 /// Most tables remembered; emptied past it.
 const MAX_CACHED_TABLES: usize = 4096;
@@ -170,6 +170,7 @@ impl BytecodePositions {
 mod tests {
     use super::super::code::tests::{array, byte_array, position, table};
     use super::super::function::fake::{self, smi, FakeHeap};
+    use super::super::metadata::PositionEncoding;
     use super::*;
     use std::collections::HashMap;
 
