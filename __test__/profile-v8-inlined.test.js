@@ -70,6 +70,21 @@ function callerLines(stacks, callee, caller) {
   return stacks.flatMap((stack) => stack.filter((f, i) => f?.name === caller && stack[i - 1]?.name === callee).map((f) => f.line));
 }
 
+/**
+ * Starts the fixture with node `flags` for the test `t` (killed when it
+ * ends), with a scratch directory; resolves to both and the fixture's line.
+ */
+async function startTarget(t, flags, prefix) {
+  const tmp = scratchDir(prefix);
+  const target = spawn(process.execPath, [...flags, TARGET], { stdio: ['ignore', 'pipe', 'inherit'] });
+  t.after(async () => {
+    target.kill('SIGKILL');
+    await exited(target);
+    fs.rmSync(tmp, { recursive: true, force: true });
+  });
+  return { tmp, ids: await jsonLines(target.stdout).next('the target line') };
+}
+
 /** Whether `callee` is named right above `caller` in the stack. */
 function calls(stack, caller, callee) {
   const frames = stack.map(fn);
@@ -78,14 +93,7 @@ function calls(stack, caller, callee) {
 }
 
 test('profile: functions V8 inlined are named in CPU and wait stacks, without --perf-basic-prof', { skip: skip ?? false }, async (t) => {
-  const tmp = scratchDir('otel-thread-ctx-v8-inlined-');
-  const target = spawn(process.execPath, [TARGET], { stdio: ['ignore', 'pipe', 'inherit'] });
-  t.after(async () => {
-    target.kill('SIGKILL');
-    await exited(target);
-    fs.rmSync(tmp, { recursive: true, force: true });
-  });
-  const ids = await jsonLines(target.stdout).next('the target line');
+  const { tmp, ids } = await startTarget(t, [], 'otel-thread-ctx-v8-inlined-');
   const out = path.join(tmp, 'samples.jsonl');
   const r = await profile(ids.pid, ['--duration', '4', '--off-cpu=all', '--format', 'jsonl', '-o', out], tmp);
   assert.strictEqual(r.code, 0, r.stderr);
@@ -149,14 +157,7 @@ test('profile: functions V8 inlined are named in CPU and wait stacks, without --
 });
 
 test('profile: interpreted frames (a target run with --jitless) are named at their lines', { skip: skip ?? (goTool() ? false : 'no Go toolchain: go tool pprof cannot read the profile') }, async (t) => {
-  const tmp = scratchDir('otel-thread-ctx-v8-interpreted-');
-  const target = spawn(process.execPath, ['--jitless', TARGET], { stdio: ['ignore', 'pipe', 'inherit'] });
-  t.after(async () => {
-    target.kill('SIGKILL');
-    await exited(target);
-    fs.rmSync(tmp, { recursive: true, force: true });
-  });
-  const ids = await jsonLines(target.stdout).next('the target line');
+  const { tmp, ids } = await startTarget(t, ['--jitless'], 'otel-thread-ctx-v8-interpreted-');
   const pb = path.join(tmp, 'profile.pb.gz');
   const r = await profile(ids.pid, ['--duration', '3', '--off-cpu=all', '--format', 'pprof', '-o', pb], tmp);
   assert.strictEqual(r.code, 0, r.stderr);
