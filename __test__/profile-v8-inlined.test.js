@@ -164,9 +164,9 @@ test('profile: interpreted frames (a target run with --jitless) are named at the
   assert.match(r.stderr, /\d+ interpreted frames?\b/, r.stderr);
   const stacks = pprofStacks(goTool(), pb);
   // No JIT: every frame of these functions is interpreted, and each has a
-  // line within its function (Node.js's own functions may have none: V8
-  // collects their source positions only when something asks). The
-  // innermost frame's may be where the function last called out (the
+  // line within its function (Node.js's own functions have none: their
+  // scripts' source is outside V8's heap). The innermost frame's may be
+  // where the function last called out (the
   // interpreter keeps its offset in a register in between), so only
   // callers are held to exact lines.
   await t.test('lines', () => {

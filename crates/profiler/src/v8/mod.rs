@@ -433,8 +433,10 @@ impl JsFrames {
     }
 
     /// The line an interpreted frame of `function` is at, from its
-    /// BytecodeArray and the value of its offset slot; a frame left
-    /// without one is counted.
+    /// BytecodeArray and the value of its offset slot. A frame whose
+    /// position could not be had is counted; one whose script has no line
+    /// table (Node.js's own modules) is not: every frame of such a script
+    /// goes without a line.
     fn interpreted_line(
         &mut self,
         function: &JsFunction,
@@ -451,17 +453,15 @@ impl JsFrames {
                 .map_err(|e| e.to_string()),
             Err(reason) => Err(reason.clone()),
         };
-        let line = match found {
-            Ok(script_offset) => script_offset.and_then(|o| function.line_at(o)),
+        match found {
+            Ok(Some(script_offset)) => return function.line_at(script_offset),
+            Ok(None) => {}
             Err(reason) => {
                 self.counts.first_line_failure.get_or_insert(reason);
-                None
             }
-        };
-        if line.is_none() {
-            self.counts.interpreted_without_line += 1;
         }
-        line
+        self.counts.interpreted_without_line += 1;
+        None
     }
 }
 
