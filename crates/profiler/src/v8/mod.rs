@@ -443,6 +443,8 @@ impl JsFrames {
         bytecode: u64,
         offset: i64,
     ) -> Option<u32> {
+        // No line table, no line: the table need not be read.
+        function.line_ends.as_ref()?;
         let found = match &mut self.bytecode {
             Ok(positions) => positions
                 .script_offset(
