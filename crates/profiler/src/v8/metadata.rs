@@ -722,8 +722,8 @@ pub(crate) mod tests {
             };
             assert_eq!(bytecode.table_slots, expected_slots, "Node.js {major}");
             assert!(bytecode.data >= 48, "Node.js {major}: {}", bytecode.data);
-            // V8 14 (Node.js 26) writes position tables with flag bits.
-            let positions = if major >= 26 {
+            // V8 14 (Node.js 25 on) writes position tables with flag bits.
+            let positions = if major >= 25 {
                 PositionEncoding::Flagged
             } else {
                 PositionEncoding::Signed
