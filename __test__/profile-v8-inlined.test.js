@@ -159,6 +159,26 @@ test('profile: functions V8 inlined are named in CPU and wait stacks, without --
   });
 });
 
+/**
+ * Checks the lines of the four functions' frames in `stacks` (from pprof):
+ * each within its function, each caller above a callee at the call's line.
+ */
+function assertLines(stacks) {
+  for (const [name, [from, to]] of Object.entries(BODIES)) {
+    const [first, last] = linesOf(from, to);
+    const frames = stacks.flat().filter((f) => f?.name === name);
+    assert.ok(frames.length > 0, `no frame of ${name}`);
+    const lines = [...new Set(frames.map((f) => f.line))];
+    assert.ok(lines.every((l) => l >= first && l <= last), `${name} at lines ${lines.join(', ')}, not within ${first}-${last}`);
+  }
+  for (const [callee, caller, call] of CALLS) {
+    const line = linesOf(call, call)[0];
+    const callers = callerLines(stacks, callee, caller);
+    assert.ok(callers.length > 0, `${caller} never above ${callee}`);
+    assert.ok(callers.every((l) => l === line), `${caller} above ${callee} at lines ${[...new Set(callers)].join(', ')}, not ${line}`);
+  }
+}
+
 test('profile: interpreted frames (a target run with --jitless) are named at their lines', { skip: skip ?? (goTool() ? false : 'no Go toolchain: go tool pprof cannot read the profile') }, async (t) => {
   const { tmp, ids } = await startTarget(t, ['--jitless'], 'otel-thread-ctx-v8-interpreted-');
   const pb = path.join(tmp, 'profile.pb.gz');
@@ -172,19 +192,18 @@ test('profile: interpreted frames (a target run with --jitless) are named at the
   // where the function last called out (the
   // interpreter keeps its offset in a register in between), so only
   // callers are held to exact lines.
-  await t.test('lines', () => {
-    for (const [name, [from, to]] of Object.entries(BODIES)) {
-      const [first, last] = linesOf(from, to);
-      const frames = stacks.flat().filter((f) => f?.name === name);
-      assert.ok(frames.length > 0, `no frame of ${name}`);
-      const lines = [...new Set(frames.map((f) => f.line))];
-      assert.ok(lines.every((l) => l >= first && l <= last), `${name} at lines ${lines.join(', ')}, not within ${first}-${last}`);
-    }
-    for (const [callee, caller, call] of CALLS) {
-      const line = linesOf(call, call)[0];
-      const callers = callerLines(stacks, callee, caller);
-      assert.ok(callers.length > 0, `${caller} never above ${callee}`);
-      assert.ok(callers.every((l) => l === line), `${caller} above ${callee} at lines ${[...new Set(callers)].join(', ')}, not ${line}`);
-    }
-  });
+  await t.test('lines', () => assertLines(stacks));
+});
+
+test('profile: frames of baseline code (a target run with Sparkplug only) are named at their lines', { skip: skip ?? (goTool() ? false : 'no Go toolchain: go tool pprof cannot read the profile') }, async (t) => {
+  // Every function compiled by Sparkplug at once, and never optimized.
+  const { tmp, ids } = await startTarget(t, ['--always-sparkplug', '--no-opt', '--no-maglev'], 'otel-thread-ctx-v8-baseline-');
+  const pb = path.join(tmp, 'profile.pb.gz');
+  const r = await profile(ids.pid, ['--duration', '3', '--off-cpu=all', '--format', 'pprof', '-o', pb], tmp);
+  assert.strictEqual(r.code, 0, r.stderr);
+  assert.match(r.stderr, /[1-9]\d* frames? of baseline code/, r.stderr);
+  assert.doesNotMatch(r.stderr, /baseline frames? without a line/, r.stderr);
+  // Baseline code records where each bytecode's instructions end; the
+  // reader walks the bytecodes to the one an instruction belongs to.
+  await t.test('lines', () => assertLines(pprofStacks(goTool(), pb)));
 });

@@ -403,16 +403,22 @@ fn sample(
     }
     // Whether V8's heap named any JavaScript frame of this run.
     let v8_names_frames = match &v8_naming {
-        Ok((_, counts)) => names.v8_named > 0 || counts.interpreted > 0 || counts.optimized > 0,
+        Ok((_, counts)) => {
+            names.v8_named > 0
+                || counts.interpreted > 0
+                || counts.optimized > 0
+                || counts.baseline > 0
+        }
         Err(_) => false,
     };
     match &v8_naming {
         Ok((binary, counts)) => {
             if v8_names_frames {
                 notes.push(format!(
-                    "JavaScript frames named from V8's heap (layout from the metadata of {binary}): {} (with {} they inlined), {} of {} other JIT addresses, and {}",
+                    "JavaScript frames named from V8's heap (layout from the metadata of {binary}): {} (with {} they inlined), {}, {} of {} other JIT addresses, and {}",
                     count(counts.optimized, "frame of optimized code", "frames of optimized code"),
                     count(counts.inlined, "frame of functions", "frames of functions"),
+                    count(counts.baseline, "frame of baseline code", "frames of baseline code"),
                     names.v8_named,
                     names.anonymous_frames,
                     count(counts.interpreted, "interpreted frame", "interpreted frames")
@@ -441,6 +447,16 @@ fn sample(
                         "{frames} without a line: V8 had not collected their bytecode's source positions"
                     ),
                 });
+            }
+            if let Some(reason) = &counts.first_baseline_line_failure {
+                notes.push(format!(
+                    "{} without a line (first: {reason}): named by their function only",
+                    count(
+                        counts.baseline_without_line,
+                        "baseline frame",
+                        "baseline frames"
+                    )
+                ));
             }
             if let Some(reason) = &counts.first_failure {
                 notes.push(format!(

@@ -11,12 +11,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::code::{decode_table, invalid, read_bytes, Entry};
+use super::code::{decode_table, invalid, read_bytes, BaselineCode, Entry};
 use super::heap::{Heap, HeapError, Object};
 use super::metadata::BytecodeLayout;
 
 /// Most tables remembered; emptied past it.
 const MAX_CACHED_TABLES: usize = 4096;
+/// Most bytecodes a BytecodeArray is taken to have.
+const MAX_BYTECODES: usize = 1 << 24;
+/// Most bytes of bytecodes read to find a baseline frame's bytecode.
+const MAX_BYTECODE_BYTES_READ: usize = 1 << 20;
 
 /// Reads the source positions of one process's interpreted frames.
 pub struct BytecodePositions {
@@ -66,6 +70,75 @@ impl BytecodePositions {
         // object tag (1) included: the bytecodes start one byte before
         // `data` from there.
         let offset = raw_offset - (self.layout.data as i64 - 1);
+        self.script_offset_at(heap, bytecode, offset)
+    }
+
+    /// The script offset a baseline frame runs at: `code` is what its
+    /// Code keeps of its bytecodes, `index` the bytecode (in bytecode
+    /// order) its instruction belongs to. Baseline code records no
+    /// bytecode offsets, only each bytecode's instructions, so the
+    /// bytecodes are walked to the offset of the `index`th.
+    pub fn baseline_script_offset(
+        &mut self,
+        heap: &mut Heap<'_>,
+        code: &BaselineCode,
+        index: usize,
+    ) -> Result<Option<u64>, HeapError> {
+        let sizes = self
+            .layout
+            .sizes
+            .as_ref()
+            .map_err(|reason| invalid("baseline frame", reason.clone()))?;
+        // Where V8 was debugging the function, the Code holds the
+        // interpreter's data instead: not walked.
+        let array = match heap.meta.bytecode_array_type {
+            Some(t) => heap.typed("BytecodeArray", code.bytecode, (t, t))?,
+            None => heap.object("BytecodeArray", code.bytecode)?,
+        };
+        let length = heap.smi_field("BytecodeArray", array, heap.meta.fixed_array_length)?;
+        let length = usize::try_from(length)
+            .ok()
+            .filter(|&n| n <= MAX_BYTECODES)
+            .ok_or_else(|| invalid("BytecodeArray", format!("length {length}")))?;
+        if index >= length {
+            return Err(invalid(
+                "baseline frame",
+                format!("bytecode {index} of at most {length}"),
+            ));
+        }
+        // A bytecode further in than this many bytes is not found.
+        let mut bytes = vec![0u8; length.min(MAX_BYTECODE_BYTES_READ)];
+        heap.memory
+            .read(array.address + self.layout.data, &mut bytes)?;
+        let mut offset = 0usize;
+        for _ in 0..index {
+            let size = bytes
+                .get(offset..)
+                .and_then(|rest| sizes.size_at(rest))
+                .ok_or_else(|| {
+                    invalid(
+                        "baseline frame",
+                        format!("no whole bytecode at offset {offset} of {length}"),
+                    )
+                })?;
+            offset += size;
+        }
+        if offset >= length {
+            return Err(invalid(
+                "baseline frame",
+                format!("bytecode {index} lies past the {length} bytecodes"),
+            ));
+        }
+        self.script_offset_at(heap, code.bytecode, offset as i64)
+    }
+
+    /// The script offset at bytecode offset `offset` of `bytecode`.
+    fn script_offset_at(
+        &mut self,
+        heap: &mut Heap<'_>,
+        bytecode: u64,
+        offset: i64,
+    ) -> Result<Option<u64>, HeapError> {
         let array = heap.object("BytecodeArray", bytecode)?;
         // A table read before, while the array still holds it: one read.
         let known = match self.tables.get(&bytecode) {
@@ -170,7 +243,7 @@ impl BytecodePositions {
 mod tests {
     use super::super::code::tests::{array, byte_array, position, table};
     use super::super::function::fake::{self, smi, FakeHeap};
-    use super::super::metadata::PositionEncoding;
+    use super::super::metadata::{BytecodeSizes, PositionEncoding};
     use super::*;
     use std::collections::HashMap;
 
@@ -182,6 +255,7 @@ mod tests {
             byte_array_types: vec![fake::TRUSTED_BYTE_ARRAY_TYPE],
             fixed_array_types: vec![fake::FIXED_ARRAY_TYPE],
             positions: PositionEncoding::Signed,
+            sizes: Err("no table".into()),
         }
     }
 
@@ -303,6 +377,111 @@ mod tests {
         );
         let b = bytecode(&mut h, 8, [at_end, handlers, pool]);
         assert_eq!(offset_at(&h, &mut p, b, raw(7)), Ok(Some(7)));
+    }
+
+    /// Writes `bytes` as the bytecodes of the BytecodeArray `b`.
+    fn put_bytecodes(h: &mut FakeHeap, b: u64, bytes: &[u8]) {
+        for (i, &byte) in bytes.iter().enumerate() {
+            let at = b - 1 + 64 + i as u64;
+            let word = at & !7;
+            let mut w = h.bytes[(word - fake::BASE) as usize..][..8].to_vec();
+            w[(at - word) as usize] = byte;
+            h.put(word, u64::from_ne_bytes(w.try_into().unwrap()));
+        }
+    }
+
+    /// A size table of 128 bytecodes: the four prefixes, then bytecode 4
+    /// of one byte, 5 of two (one operand) and 6 of three, each operand
+    /// twice and four times as wide at the larger scales.
+    fn sizes() -> BytecodeSizes {
+        let mut table = vec![1u8; 3 * 128];
+        for (row, scale) in [1u8, 2, 4].into_iter().enumerate() {
+            table[row * 128 + 5] = 1 + scale;
+            table[row * 128 + 6] = 1 + 2 * scale;
+        }
+        BytecodeSizes::new(&table).unwrap()
+    }
+
+    #[test]
+    fn a_baseline_frame_runs_at_the_position_of_its_bytecode() {
+        let mut h = FakeHeap::new();
+        // Bytecodes at offsets 0 (4), 1 (5 x), 3 (Wide 6 xx xx: five
+        // bytes), 8 (ExtraWide 5 xxxx), 14 (4).
+        let code = [4, 5, 9, 0, 6, 1, 2, 3, 4, 1, 5, 1, 2, 3, 4, 4];
+        let positions = byte_array(
+            &mut h,
+            &table(&[
+                (0, true, position(100, None)),
+                (3, true, position(130, None)),
+                (8, true, position(180, None)),
+                (14, true, position(240, None)),
+            ]),
+        );
+        let handlers = byte_array(&mut h, &[]);
+        let pool = array(&mut h, fake::FIXED_ARRAY_TYPE, &[]);
+        let b = bytecode(&mut h, code.len() as i64, [positions, handlers, pool]);
+        put_bytecodes(&mut h, b, &code);
+        let mut p = BytecodePositions::new(BytecodeLayout {
+            sizes: Ok(sizes()),
+            ..layout()
+        });
+        let baseline = BaselineCode {
+            bytecode: b,
+            ends: vec![10, 20, 30, 40, 50, 60, 70],
+        };
+        let meta = fake::metadata(true);
+        let mut maps = HashMap::new();
+        let mut heap = Heap::new(&h, &meta, &mut maps);
+        let at = |p: &mut BytecodePositions, heap: &mut Heap<'_>, index| {
+            p.baseline_script_offset(heap, &baseline, index)
+        };
+        for (index, want) in [(0, 100), (1, 100), (2, 130), (3, 180), (4, 240)] {
+            assert_eq!(
+                at(&mut p, &mut heap, index),
+                Ok(Some(want)),
+                "bytecode {index}"
+            );
+        }
+        // Past the bytecodes: not this array's.
+        assert!(at(&mut p, &mut heap, 6).is_err());
+        // Without the size table, no walk.
+        let mut no_sizes = BytecodePositions::new(layout());
+        assert!(at(&mut no_sizes, &mut heap, 1).is_err());
+    }
+
+    #[test]
+    fn a_walk_that_meets_no_whole_bytecode_fails() {
+        let mut h = FakeHeap::new();
+        let positions = byte_array(&mut h, &table(&[(0, true, position(5, None))]));
+        let handlers = byte_array(&mut h, &[]);
+        let pool = array(&mut h, fake::FIXED_ARRAY_TYPE, &[]);
+        // An opcode past the table, and a prefix before a prefix.
+        for code in [[4u8, 200, 4, 4], [4, 0, 1, 4]] {
+            let b = bytecode(&mut h, 4, [positions, handlers, pool]);
+            put_bytecodes(&mut h, b, &code);
+            let mut p = BytecodePositions::new(BytecodeLayout {
+                sizes: Ok(sizes()),
+                ..layout()
+            });
+            let baseline = BaselineCode {
+                bytecode: b,
+                ends: vec![1, 2, 3, 4, 5],
+            };
+            let meta = fake::metadata(true);
+            let mut maps = HashMap::new();
+            let mut heap = Heap::new(&h, &meta, &mut maps);
+            assert_eq!(
+                p.baseline_script_offset(&mut heap, &baseline, 1),
+                Ok(Some(5))
+            );
+            let err = p
+                .baseline_script_offset(&mut heap, &baseline, 3)
+                .unwrap_err();
+            assert!(
+                err.to_string().contains("no whole bytecode at offset 1"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -154,6 +154,46 @@ pub struct CodeInfo {
     inlining: Vec<InliningPosition>,
     /// The SharedFunctionInfos (tagged) of the functions it inlined.
     inlined_functions: Vec<u64>,
+    /// Baseline code: its BytecodeArray and where each bytecode's
+    /// instructions end (None: not baseline code).
+    pub baseline: Option<Result<BaselineCode, String>>,
+}
+
+/// What baseline code keeps of its bytecodes: V8 compiles each bytecode in
+/// order, and records how many bytes of instructions each one took.
+#[derive(Debug, PartialEq, Eq)]
+pub struct BaselineCode {
+    /// The BytecodeArray (tagged).
+    pub bytecode: u64,
+    /// Where the prologue's instructions end (the first), then each
+    /// bytecode's, in bytecode order: offsets from the instruction start.
+    pub ends: Vec<u64>,
+}
+
+impl BaselineCode {
+    /// Decodes V8's bytecode offset table of baseline code: one unsigned
+    /// variable-length delta per bytecode, after the prologue's.
+    fn decode(bytecode: u64, table: &[u8]) -> Result<BaselineCode, String> {
+        let (mut at, mut end) = (0usize, 0u64);
+        let mut ends = Vec::new();
+        while at < table.len() {
+            let delta = read_unsigned(table, &mut at).ok_or("a truncated bytecode offset table")?;
+            end = end
+                .checked_add(delta)
+                .ok_or("an instruction offset past range")?;
+            ends.push(end);
+        }
+        Ok(BaselineCode { bytecode, ends })
+    }
+
+    /// Which bytecode (by its index in bytecode order) the instruction at
+    /// `offset` bytes into the code belongs to: None for the prologue and
+    /// past the last bytecode. (Callers are looked up one byte before
+    /// their return address, inside their call.)
+    pub fn bytecode_index_at(&self, offset: u64) -> Option<usize> {
+        let n = self.ends.partition_point(|&end| end <= offset);
+        (n >= 1 && n < self.ends.len()).then(|| n - 1)
+    }
 }
 
 /// The functions running at one instruction of a Code: those inlined
@@ -444,19 +484,30 @@ impl CodeFinder {
             entries: Vec::new(),
             inlining: Vec::new(),
             inlined_functions: Vec::new(),
+            baseline: None,
         };
         // Baseline code keeps its bytecode where optimized code keeps its
         // deoptimization data, and a table of bytecode offsets where
         // optimized code keeps source positions: no inlining, and its own
         // function is the frame's.
-        if Self::slot_of_type(
+        if let Some((bytecode, _)) = Self::slot_of_type(
             heap,
             code_object,
             &l.deoptimization_data_slots,
             &l.baseline_data_types,
-        )?
-        .is_some()
-        {
+        )? {
+            let table = match Self::slot_of_type(
+                heap,
+                code_object,
+                &l.position_table_slots,
+                &l.byte_array_types,
+            )? {
+                Some((_, table)) => read_bytes(heap, table, "bytecode offset table")
+                    .map_err(|e| e.to_string())
+                    .and_then(|bytes| BaselineCode::decode(bytecode, &bytes)),
+                None => Err("baseline code without a bytecode offset table".into()),
+            };
+            info.baseline = Some(table);
             return Ok(info);
         }
         let Some((_, deopt)) = Self::slot_of_type(
@@ -897,5 +948,20 @@ pub(crate) mod tests {
         let info = fresh_code_at(&h, start + 8).unwrap();
         assert_eq!(info.own, None);
         assert_eq!(info.at(40).unwrap(), Inlining::default());
+    }
+
+    #[test]
+    fn baseline_instructions_belong_to_their_bytecode() {
+        // The prologue's 10 bytes, then bytecodes of 5, 0 and 200 bytes.
+        let table = [10, 5, 0, 0xc8, 0x01];
+        let code = BaselineCode::decode(7, &table).unwrap();
+        assert_eq!(code.ends, [10, 15, 15, 215]);
+        let index = |offset| code.bytecode_index_at(offset);
+        assert_eq!([index(0), index(9)], [None, None]);
+        assert_eq!([index(10), index(14)], [Some(0), Some(0)]);
+        // A bytecode that compiled to nothing has no instruction.
+        assert_eq!([index(15), index(214)], [Some(2), Some(2)]);
+        assert_eq!(index(215), None);
+        assert!(BaselineCode::decode(7, &[10, 0x80]).is_err());
     }
 }

@@ -562,6 +562,7 @@ pub(crate) mod fake {
                 byte_array_types: vec![TRUSTED_BYTE_ARRAY_TYPE],
                 fixed_array_types: vec![FIXED_ARRAY_TYPE],
                 positions: PositionEncoding::Signed,
+                sizes: Err("no table".into()),
             }),
         }
     }

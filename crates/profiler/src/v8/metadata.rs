@@ -301,6 +301,98 @@ pub struct BytecodeLayout {
     pub byte_array_types: Vec<u16>,
     pub fixed_array_types: Vec<u16>,
     pub positions: PositionEncoding,
+    /// Each bytecode's size at each operand scale, from the binary: what
+    /// walking the bytecodes of baseline code takes. Err: why there is none.
+    pub sizes: Result<BytecodeSizes, String>,
+}
+
+/// V8's table of bytecode sizes (`interpreter::Bytecodes::kBytecodeSizes`,
+/// in the binary's symbol table): one row per operand scale (single,
+/// double, quadruple), one byte per bytecode, prefix included. Bytecodes 0
+/// to 3 are the scaling prefixes (`Wide`, `ExtraWide` and their debug-break
+/// forms), one byte each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BytecodeSizes {
+    table: std::sync::Arc<[u8]>,
+    count: usize,
+}
+
+/// The mangled name of `Bytecodes::kBytecodeSizes`.
+const BYTECODE_SIZES_SYMBOL: &str = "_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE";
+
+/// Fewest and most bytecodes a V8 version is taken to have.
+const BYTECODE_COUNTS: std::ops::RangeInclusive<usize> = 128..=1024;
+
+impl BytecodeSizes {
+    /// Checks a table read from a binary: three rows of sizes, prefixes of
+    /// one byte, every other size one byte of opcode plus operands, each
+    /// row at least as large as the one before it.
+    pub fn new(table: &[u8]) -> Result<BytecodeSizes, String> {
+        let count = table.len() / 3;
+        if !table.len().is_multiple_of(3) || !BYTECODE_COUNTS.contains(&count) {
+            return Err(format!(
+                "a bytecode size table of {} bytes is not three rows of bytecodes",
+                table.len()
+            ));
+        }
+        let rows: Vec<&[u8]> = table.chunks_exact(count).collect();
+        for row in &rows {
+            if row[..4] != [1, 1, 1, 1] || row.contains(&0) {
+                return Err(
+                    "the bytecode size table does not start with four one-byte prefixes".into(),
+                );
+            }
+        }
+        if (0..count).any(|b| rows[0][b] > rows[1][b] || rows[1][b] > rows[2][b]) {
+            return Err("the bytecode size table has a row smaller than the one before it".into());
+        }
+        Ok(BytecodeSizes {
+            table: table.into(),
+            count,
+        })
+    }
+
+    /// The size of the bytecode at the start of `bytes` (its prefix
+    /// included), or None where `bytes` holds no whole bytecode.
+    pub fn size_at(&self, bytes: &[u8]) -> Option<usize> {
+        let (row, prefix) = match *bytes.first()? {
+            0 | 2 => (1, 1),
+            1 | 3 => (2, 1),
+            _ => (0, 0),
+        };
+        let opcode = usize::from(*bytes.get(prefix)?);
+        if opcode >= self.count || opcode < 4 && prefix == 1 {
+            return None;
+        }
+        let size = prefix + usize::from(self.table[row * self.count + opcode]);
+        (size <= bytes.len()).then_some(size)
+    }
+
+    /// Reads the table from the ELF file `data`.
+    pub fn from_elf(data: &[u8]) -> Result<BytecodeSizes, String> {
+        let file = object::File::parse(data).map_err(|e| e.to_string())?;
+        let symbol = file
+            .symbols()
+            .chain(file.dynamic_symbols())
+            .find(|s| s.name() == Ok(BYTECODE_SIZES_SYMBOL))
+            .ok_or("the binary has no bytecode size table (Bytecodes::kBytecodeSizes)")?;
+        let section = symbol
+            .section_index()
+            .and_then(|i| file.section_by_index(i).ok())
+            .ok_or("the bytecode size table is in no section")?;
+        let bytes = section.data().map_err(|e| e.to_string())?;
+        let at = symbol
+            .address()
+            .checked_sub(section.address())
+            .and_then(|at| usize::try_from(at).ok())
+            .ok_or("the bytecode size table lies outside its section")?;
+        let size = usize::try_from(symbol.size()).map_err(|e| e.to_string())?;
+        let table = at
+            .checked_add(size)
+            .and_then(|end| bytes.get(at..end))
+            .ok_or("the bytecode size table lies outside its section")?;
+        BytecodeSizes::new(table)
+    }
 }
 
 impl BytecodeLayout {
@@ -340,6 +432,7 @@ impl BytecodeLayout {
             byte_array_types,
             fixed_array_types,
             positions: PositionEncoding::from_symbols(s),
+            sizes: Err("the bytecode size table is read from the binary".into()),
         })
     }
 }
@@ -601,7 +694,11 @@ impl Metadata {
 
     /// Reads the metadata of the ELF file `data`.
     pub fn from_elf(data: &[u8]) -> Result<Metadata, MetadataError> {
-        Metadata::from_symbols(&Symbols::from_elf(data)?)
+        let mut metadata = Metadata::from_symbols(&Symbols::from_elf(data)?)?;
+        if let Ok(bytecode) = &mut metadata.bytecode {
+            bytecode.sizes = BytecodeSizes::from_elf(data);
+        }
+        Ok(metadata)
     }
 
     /// Whether the ScopeInfo keeps a function's start and end positions in
@@ -667,6 +764,10 @@ pub(crate) mod tests {
             assert_eq!(m.heap_object_map, 0, "Node.js {major}");
             assert_eq!(m.string_fields.length, 12, "Node.js {major}");
             assert!(m.bytecode_array_type.is_some(), "Node.js {major}");
+            let sizes = BytecodeSizes::from_elf(&std::fs::read(&path).unwrap())
+                .unwrap_or_else(|e| panic!("Node.js {major}: {e}"));
+            // V8 has about two hundred bytecodes.
+            assert!(sizes.count > 180, "Node.js {major}: {}", sizes.count);
             assert_eq!(
                 (m.fp_bytecode_array, m.fp_bytecode_offset),
                 (Some(-32), Some(-40)),
@@ -730,6 +831,34 @@ pub(crate) mod tests {
             };
             assert_eq!((bytecode.positions, code.positions), (positions, positions));
         }
+    }
+
+    #[test]
+    fn a_bytecode_size_table_must_be_three_rows_of_sizes() {
+        let mut table = vec![1u8; 3 * 200];
+        table[200 + 10] = 3;
+        table[400 + 10] = 5;
+        let sizes = BytecodeSizes::new(&table).unwrap();
+        assert_eq!(sizes.size_at(&[10, 0, 0]), Some(1));
+        assert_eq!(sizes.size_at(&[0, 10, 0, 0]), Some(4));
+        assert_eq!(sizes.size_at(&[1, 10, 0, 0, 0, 0]), Some(6));
+        // Cut short, past the table, a prefix before a prefix.
+        assert_eq!(sizes.size_at(&[1, 10, 0]), None);
+        assert_eq!(sizes.size_at(&[250]), None);
+        assert_eq!(sizes.size_at(&[0, 1, 10]), None);
+        assert_eq!(sizes.size_at(&[]), None);
+
+        assert!(BytecodeSizes::new(&table[..599]).is_err());
+        assert!(BytecodeSizes::new(&[1; 30]).is_err());
+        let mut zero = table.clone();
+        zero[7] = 0;
+        assert!(BytecodeSizes::new(&zero).is_err());
+        let mut wide_prefix = table.clone();
+        wide_prefix[200 + 2] = 2;
+        assert!(BytecodeSizes::new(&wide_prefix).is_err());
+        let mut shrinking = table;
+        shrinking[400 + 10] = 2;
+        assert!(BytecodeSizes::new(&shrinking).is_err());
     }
 
     #[test]

@@ -29,7 +29,7 @@ use otel_thread_ctx_reader::maps::Mapping;
 use otel_thread_ctx_reader::memory::{Memory, ProcessMemory};
 
 use bytecode::BytecodePositions;
-use code::CodeFinder;
+use code::{CodeFinder, CodeInfo};
 pub use function::{JsFunction, Resolver};
 pub use metadata::{Metadata, MetadataError};
 
@@ -86,11 +86,17 @@ pub struct Counts {
     /// Optimized code whose tables could not be read, and the first reason.
     pub not_expanded: u64,
     pub first_expand_failure: Option<String>,
+    /// Frames of baseline code named in their sample (once a frame of
+    /// their code showed its function), with their line where it was had.
+    pub baseline: u64,
     /// Interpreted frames named from V8.
     pub interpreted: u64,
     /// Interpreted frames left without a line, and the first reason seen.
     pub interpreted_without_line: u64,
     pub first_line_failure: Option<String>,
+    /// Baseline frames whose line could not be had, and the first reason.
+    pub baseline_without_line: u64,
+    pub first_baseline_line_failure: Option<String>,
     /// JIT frames V8 could not name (left to the perf map), and the first
     /// reason seen.
     pub unnamed: u64,
@@ -116,15 +122,19 @@ pub struct JsFrames {
     /// The function of each baseline Code (by its address): V8 compiles
     /// baseline code for one function, so once a settled frame named it,
     /// its frames are named without reading their function again.
-    baseline: HashMap<u64, Arc<[Frame]>>,
+    baseline: HashMap<u64, Arc<JsFunction>>,
+    /// The script offset of each instruction of baseline code seen, by
+    /// the Code and the instruction's offset (None: none found).
+    baseline_offsets: HashMap<(u64, u64), Option<u64>>,
 }
 
 /// What a JIT frame's Code says of it.
 enum Expanded {
     /// Optimized code: the frames it stands for, innermost first.
     Frames(Arc<[Frame]>),
-    /// Baseline code (no function of its own in the Code), by address.
-    Baseline(u64),
+    /// Baseline code (no function of its own in the Code), and the
+    /// instruction's offset in it.
+    Baseline(Arc<CodeInfo>, u64),
 }
 
 impl JsFrames {
@@ -149,6 +159,7 @@ impl JsFrames {
             bytecode,
             expansions: HashMap::new(),
             baseline: HashMap::new(),
+            baseline_offsets: HashMap::new(),
             resolver: Resolver::new(meta),
             counts: Counts::default(),
             frames: HashMap::new(),
@@ -231,27 +242,44 @@ impl JsFrames {
                         self.counts.inlined += frames.len() as u64 - 1;
                         named.by_frame.push((i, frames));
                     }
-                    Ok(Expanded::Baseline(code)) => match self.baseline.get(&code) {
-                        Some(frames) => {
-                            self.counts.named += 1;
-                            named.by_frame.push((i, frames.clone()));
-                        }
-                        None => {
-                            if let Some(frame) =
-                                self.name_by_function(&mut named, copy, i, address, fp)
-                            {
-                                // Only a settled frame's function slot is
-                                // surely this code's function.
-                                if i > 0 {
+                    Ok(Expanded::Baseline(info, offset)) => {
+                        let function = match self.baseline.get(&info.code) {
+                            Some(function) => Some(function.clone()),
+                            // Only a settled frame's function slot is
+                            // surely this code's function: a leaf may be
+                            // in its prologue, named for the run by its
+                            // slot until a settled frame names its code,
+                            // unless its frame already holds the code's
+                            // bytecodes (set up after the function).
+                            None if i == 0 && !self.holds_bytecode_of(copy, fp, &info) => {
+                                self.name_by_function(&mut named, copy, i, address, fp);
+                                None
+                            }
+                            None => match self.function_at(copy, fp) {
+                                Ok(function) => {
                                     if self.baseline.len() >= MAX_CACHED_FRAMES {
                                         self.baseline.clear();
                                     }
-                                    self.baseline
-                                        .insert(code, Arc::from([Frame::clone(&frame)]));
+                                    self.baseline.insert(info.code, function.clone());
+                                    Some(function)
                                 }
-                            }
+                                Err(reason) => {
+                                    self.counts.unnamed += 1;
+                                    self.counts.first_failure.get_or_insert(reason);
+                                    None
+                                }
+                            },
+                        };
+                        if let Some(function) = function {
+                            self.counts.baseline += 1;
+                            let line = self.baseline_line(&info, offset, &function);
+                            let frame = Frame {
+                                line,
+                                ..self.frame_of(&function).as_ref().clone()
+                            };
+                            named.by_frame.push((i, Arc::from([frame])));
                         }
-                    },
+                    }
                     Err(reason) => {
                         self.counts.not_expanded += 1;
                         self.counts.first_expand_failure.get_or_insert(reason);
@@ -325,10 +353,10 @@ impl JsFrames {
         let info = finder
             .code_at(&mut self.resolver.heap(memory), address)
             .map_err(|e| e.to_string())?;
-        let Some(own) = info.own else {
-            return Ok(Expanded::Baseline(info.code));
-        };
         let offset = address - info.instruction_start;
+        let Some(own) = info.own else {
+            return Ok(Expanded::Baseline(info, offset));
+        };
         // Keyed by the code's own function as well as the Code: code freed
         // and rebuilt at the same place is new code.
         let key = (info.code, own, offset);
@@ -437,6 +465,74 @@ impl JsFrames {
     /// position could not be had is counted; one whose script has no line
     /// table (Node.js's own modules) is not: every frame of such a script
     /// goes without a line.
+    /// Whether the frame at `fp` holds the BytecodeArray of the baseline
+    /// code `info` in its bytecode slot.
+    fn holds_bytecode_of(&self, copy: &StackCopy, fp: u64, info: &CodeInfo) -> bool {
+        let Some(Ok(code)) = &info.baseline else {
+            return false;
+        };
+        let Some(slot) = self.resolver.metadata().fp_bytecode_array else {
+            return false;
+        };
+        stack_word(copy, fp, slot) == Some(code.bytecode)
+    }
+
+    /// The line a baseline frame runs at (`info` its Code, `offset` its
+    /// instruction's offset in it). None in its prologue, where V8 has not
+    /// collected the bytecode's positions, and where the walk failed
+    /// (counted): the frame is named by its function alone.
+    fn baseline_line(
+        &mut self,
+        info: &CodeInfo,
+        offset: u64,
+        function: &JsFunction,
+    ) -> Option<u32> {
+        // No line table, no line: the bytecodes need not be read.
+        function.line_ends.as_ref()?;
+        let key = (info.code, offset);
+        let found = match self.baseline_offsets.get(&key) {
+            Some(&known) => Ok(known),
+            None => {
+                let found = match (&info.baseline, &mut self.bytecode) {
+                    (Some(Ok(code)), Ok(positions)) => match code.bytecode_index_at(offset) {
+                        Some(index) => positions
+                            .baseline_script_offset(
+                                &mut self.resolver.heap(self.memory.as_ref()),
+                                code,
+                                index,
+                            )
+                            .map_err(|e| e.to_string()),
+                        // The prologue and what follows the last
+                        // bytecode: the function's start.
+                        None => Ok(None),
+                    },
+                    (Some(Err(reason)), _) => Err(reason.clone()),
+                    (_, Err(reason)) => Err(reason.clone()),
+                    (None, _) => Err("baseline code without bytecodes".into()),
+                };
+                if let Ok(known) = found {
+                    if self.baseline_offsets.len() >= MAX_CACHED_FRAMES {
+                        self.baseline_offsets.clear();
+                    }
+                    self.baseline_offsets.insert(key, known);
+                }
+                found
+            }
+        };
+        match found {
+            Ok(Some(script_offset)) => function.line_at(script_offset),
+            // Its function's start, as V8 names such a frame.
+            Ok(None) => None,
+            Err(reason) => {
+                self.counts.baseline_without_line += 1;
+                self.counts
+                    .first_baseline_line_failure
+                    .get_or_insert(reason);
+                None
+            }
+        }
+    }
+
     fn interpreted_line(
         &mut self,
         function: &JsFunction,
@@ -659,7 +755,8 @@ mod tests {
         let named = js.name(&mut maps, &inner, &[start + 8], &[Some(sp + 0x100)]);
         assert!(named.by_frame.is_empty());
         assert_eq!(named.by_address[0].frame.name, "JS:other");
-        // A settled frame names the code.
+        // A settled frame names the code, in its sample (its line depends
+        // on the instruction).
         let settled = copy_with_frames(sp, &[(sp + 0x100, context, baseline_function)]);
         let named = js.name(
             &mut maps,
@@ -667,13 +764,43 @@ mod tests {
             &[0x10, start + 9],
             &[None, Some(sp + 0x100)],
         );
-        assert_eq!(named.by_address[0].frame.name, "JS:warm");
+        assert!(named.by_address.is_empty());
+        assert_eq!(named.by_frame[0].0, 1);
+        assert_eq!(named.by_frame[0].1[0].name, "JS:warm");
         // From then on its frames are named by it, in their sample,
         // whatever the slot holds (here, an innermost frame in a prologue).
         let named = js.name(&mut maps, &inner, &[start + 20], &[Some(sp + 0x100)]);
         assert!(named.by_address.is_empty());
         assert_eq!(named.by_frame[0].0, 0);
         assert_eq!(named.by_frame[0].1[0].name, "JS:warm");
+    }
+
+    #[test]
+    fn a_leaf_in_baseline_code_whose_frame_holds_its_bytecodes_is_named_in_its_sample() {
+        let mut h = FakeHeap::new();
+        let undefined = h.undefined;
+        let name = h.one_byte("warm");
+        let (function, own) = h.function(name, undefined);
+        let (code, start) = code::tests::optimized_code(&mut h, own, own, own);
+        let bytecode = h.object(fake::BYTECODE_ARRAY_TYPE, 4);
+        h.set(code, 8, bytecode);
+        let context = h.object(fake::FIXED_ARRAY_TYPE, 2);
+        let sp = 0x7ff0_0000;
+        let fp = sp + 0x100;
+        let mut maps = ProcessMaps::fixed(vec![mapping(fake::BASE, fake::BASE + (1 << 20), 0, "")]);
+        let mut js = JsFrames::with_memory("node".into(), fake::metadata(true), Box::new(h));
+        // Its bytecode slot not yet written (a prologue): for the address.
+        let mut copy = copy_with_frames(sp, &[(fp, context, function)]);
+        let named = js.name(&mut maps, &copy, &[start + 8], &[Some(fp)]);
+        assert!(named.by_frame.is_empty());
+        assert_eq!(named.by_address[0].frame.name, "JS:warm");
+        // Written: the frame is set up, its function slot is the code's.
+        copy.stack[0x100 - 32..0x100 - 24].copy_from_slice(&bytecode.to_ne_bytes());
+        let named = js.name(&mut maps, &copy, &[start + 8], &[Some(fp)]);
+        assert!(named.by_address.is_empty());
+        assert_eq!(named.by_frame[0].0, 0);
+        assert_eq!(named.by_frame[0].1[0].name, "JS:warm");
+        assert_eq!(js.counts.baseline, 1);
     }
 
     #[test]
