@@ -178,6 +178,7 @@ impl JsFrames {
         self.frames.clear();
         self.expansions.clear();
         self.baseline.clear();
+        self.baseline_offsets.clear();
         if let Ok(code) = &mut self.code {
             code.forget();
         }
