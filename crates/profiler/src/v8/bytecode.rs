@@ -402,81 +402,81 @@ mod tests {
         BytecodeSizes::new(&table).unwrap()
     }
 
+    /// A BytecodeArray holding `code`, with a position table of `entries`
+    /// (bytecode offset, script offset), and baseline code over it whose
+    /// bytecodes' instructions end at `ends`.
+    fn baseline_code(
+        h: &mut FakeHeap,
+        code: &[u8],
+        entries: &[(u64, u64)],
+        ends: &[u64],
+    ) -> BaselineCode {
+        let entries: Vec<_> = entries
+            .iter()
+            .map(|&(at, to)| (at, true, position(to, None)))
+            .collect();
+        let positions = byte_array(h, &table(&entries));
+        let handlers = byte_array(h, &[]);
+        let pool = array(h, fake::FIXED_ARRAY_TYPE, &[]);
+        let b = bytecode(h, code.len() as i64, [positions, handlers, pool]);
+        put_bytecodes(h, b, code);
+        BaselineCode {
+            bytecode: b,
+            ends: ends.to_vec(),
+        }
+    }
+
+    /// baseline_script_offset() with the fake metadata, walking with sizes().
+    fn baseline_at(
+        h: &FakeHeap,
+        code: &BaselineCode,
+        index: usize,
+        sized: bool,
+    ) -> Result<Option<u64>, HeapError> {
+        let sizes = if sized {
+            Ok(sizes())
+        } else {
+            Err("no table".into())
+        };
+        let mut p = BytecodePositions::new(BytecodeLayout { sizes, ..layout() });
+        let meta = fake::metadata(true);
+        let mut maps = HashMap::new();
+        let mut heap = Heap::new(h, &meta, &mut maps);
+        p.baseline_script_offset(&mut heap, code, index)
+    }
+
     #[test]
     fn a_baseline_frame_runs_at_the_position_of_its_bytecode() {
         let mut h = FakeHeap::new();
         // Bytecodes at offsets 0 (4), 1 (5 x), 3 (Wide 6 xx xx: five
         // bytes), 8 (ExtraWide 5 xxxx), 14 (4).
-        let code = [4, 5, 9, 0, 6, 1, 2, 3, 4, 1, 5, 1, 2, 3, 4, 4];
-        let positions = byte_array(
+        let code = baseline_code(
             &mut h,
-            &table(&[
-                (0, true, position(100, None)),
-                (3, true, position(130, None)),
-                (8, true, position(180, None)),
-                (14, true, position(240, None)),
-            ]),
+            &[4, 5, 9, 0, 6, 1, 2, 3, 4, 1, 5, 1, 2, 3, 4, 4],
+            &[(0, 100), (3, 130), (8, 180), (14, 240)],
+            &[10, 20, 30, 40, 50, 60, 70],
         );
-        let handlers = byte_array(&mut h, &[]);
-        let pool = array(&mut h, fake::FIXED_ARRAY_TYPE, &[]);
-        let b = bytecode(&mut h, code.len() as i64, [positions, handlers, pool]);
-        put_bytecodes(&mut h, b, &code);
-        let mut p = BytecodePositions::new(BytecodeLayout {
-            sizes: Ok(sizes()),
-            ..layout()
-        });
-        let baseline = BaselineCode {
-            bytecode: b,
-            ends: vec![10, 20, 30, 40, 50, 60, 70],
-        };
-        let meta = fake::metadata(true);
-        let mut maps = HashMap::new();
-        let mut heap = Heap::new(&h, &meta, &mut maps);
-        let at = |p: &mut BytecodePositions, heap: &mut Heap<'_>, index| {
-            p.baseline_script_offset(heap, &baseline, index)
-        };
         for (index, want) in [(0, 100), (1, 100), (2, 130), (3, 180), (4, 240)] {
             assert_eq!(
-                at(&mut p, &mut heap, index),
+                baseline_at(&h, &code, index, true),
                 Ok(Some(want)),
                 "bytecode {index}"
             );
         }
         // Past the bytecodes: not this array's.
-        assert!(at(&mut p, &mut heap, 6).is_err());
+        assert!(baseline_at(&h, &code, 6, true).is_err());
         // Without the size table, no walk.
-        let mut no_sizes = BytecodePositions::new(layout());
-        assert!(at(&mut no_sizes, &mut heap, 1).is_err());
+        assert!(baseline_at(&h, &code, 1, false).is_err());
     }
 
     #[test]
     fn a_walk_that_meets_no_whole_bytecode_fails() {
         let mut h = FakeHeap::new();
-        let positions = byte_array(&mut h, &table(&[(0, true, position(5, None))]));
-        let handlers = byte_array(&mut h, &[]);
-        let pool = array(&mut h, fake::FIXED_ARRAY_TYPE, &[]);
         // An opcode past the table, and a prefix before a prefix.
-        for code in [[4u8, 200, 4, 4], [4, 0, 1, 4]] {
-            let b = bytecode(&mut h, 4, [positions, handlers, pool]);
-            put_bytecodes(&mut h, b, &code);
-            let mut p = BytecodePositions::new(BytecodeLayout {
-                sizes: Ok(sizes()),
-                ..layout()
-            });
-            let baseline = BaselineCode {
-                bytecode: b,
-                ends: vec![1, 2, 3, 4, 5],
-            };
-            let meta = fake::metadata(true);
-            let mut maps = HashMap::new();
-            let mut heap = Heap::new(&h, &meta, &mut maps);
-            assert_eq!(
-                p.baseline_script_offset(&mut heap, &baseline, 1),
-                Ok(Some(5))
-            );
-            let err = p
-                .baseline_script_offset(&mut heap, &baseline, 3)
-                .unwrap_err();
+        for bytes in [[4u8, 200, 4, 4], [4, 0, 1, 4]] {
+            let code = baseline_code(&mut h, &bytes, &[(0, 5)], &[1, 2, 3, 4, 5]);
+            assert_eq!(baseline_at(&h, &code, 1, true), Ok(Some(5)));
+            let err = baseline_at(&h, &code, 3, true).unwrap_err();
             assert!(
                 err.to_string().contains("no whole bytecode at offset 1"),
                 "{err}"
