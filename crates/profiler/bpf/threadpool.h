@@ -338,7 +338,12 @@ static __always_inline int item_span(const struct target *t, const struct isolat
 // whose completion started meanwhile is never read. Userspace gives the
 // span found to the samples of that item, and creates and deletes each
 // process's entry.
-#define PENDING_ITEMS 8
+//
+// Slots are reused oldest first, so an item is lost when this many others
+// became unreadable after it and before it was read again: a long pause
+// while every pool thread runs short items (compression chunks, small
+// reads) fills many. A power of two (slots are indexed by a mask).
+#define PENDING_ITEMS 32
 // Retries of one item at most this often: one whose isolate is not known
 // yet stays unreadable until its block is learned or the item ends.
 #define PENDING_RETRY_NS (500 * 1000ULL)
@@ -388,7 +393,10 @@ static __always_inline void keep_unread(__u32 tgid, __u64 w, const struct item_r
 	p->async_id[at] = r->async_id;
 	p->object[at] = r->object;
 	p->napi[at] = r->napi;
-	p->tried[at] = bpf_ktime_get_ns();
+	// Read again at the first chance once a gate opens: the loop thread
+	// runs the completions an item that ended in the pause was waiting for
+	// soon after it, and a completed request can no longer be read.
+	p->tried[at] = 0;
 	p->item[at] = w;
 }
 
@@ -476,12 +484,21 @@ static __always_inline void read_pending(const struct target *t, __u32 tgid)
 	if (!t->pool.return_address)
 		return;
 	const struct pending_items *p = bpf_map_lookup_elem(&unread_items, &tgid);
-	if (!p)
+	const struct isolate_blocks *known = bpf_map_lookup_elem(&isolates, &tgid);
+	if (!p || !known)
 		return;
 	__u64 any = 0;
 	for (int i = 0; i < PENDING_ITEMS; i++)
 		any |= p->item[i];
-	if (any)
+	if (!any)
+		return;
+	// While every gate is closed no item can be read: no try is spent (nor
+	// counted against the retry interval) until one opens.
+	bool open = false;
+	for (int i = 0; i < MAX_ISOLATES; i++)
+		if (known->block[i][ABI_NODE_OFFSET_ALS_HANDLE / 8] && gate_open(known, i))
+			open = true;
+	if (open)
 		bpf_loop(PENDING_ITEMS, read_pending_item, &tgid, 0);
 }
 

@@ -61,10 +61,13 @@ mod copy_layout {
 /// blocks (`MAX_ISOLATES`), where each is, and a cursor.
 pub(crate) const ISOLATES_SIZE: usize = 8 * otel_thread_ctx_abi::node_schema::SIZE + 8 * 8 + 8;
 
+/// `PENDING_ITEMS` in bpf/threadpool.h: how many items per process wait to
+/// be read again after a GC.
+const PENDING_ITEMS: usize = 32;
+
 /// Size of `struct pending_items` in bpf/threadpool.h: a process's items
-/// waiting to be read again (`PENDING_ITEMS`), four words and a byte each,
-/// and a cursor.
-pub(crate) const PENDING_ITEMS_SIZE: usize = 4 * 8 * 8 + 8 + 8;
+/// waiting to be read again, four words and a byte each, and a cursor.
+pub(crate) const PENDING_ITEMS_SIZE: usize = 4 * 8 * PENDING_ITEMS + PENDING_ITEMS + 8;
 
 /// Offsets of `struct item_read` in bpf/threadpool.h.
 mod item_read_layout {
