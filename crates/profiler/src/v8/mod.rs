@@ -461,11 +461,6 @@ impl JsFrames {
         Some((function, bytecode, offset))
     }
 
-    /// The line an interpreted frame of `function` is at, from its
-    /// BytecodeArray and the value of its offset slot. A frame whose
-    /// position could not be had is counted; one whose script has no line
-    /// table (Node.js's own modules) is not: every frame of such a script
-    /// goes without a line.
     /// Whether the frame at `fp` holds the BytecodeArray of the baseline
     /// code `info` in its bytecode slot.
     fn holds_bytecode_of(&self, copy: &StackCopy, fp: u64, info: &CodeInfo) -> bool {
@@ -534,6 +529,11 @@ impl JsFrames {
         }
     }
 
+    /// The line an interpreted frame of `function` is at, from its
+    /// BytecodeArray and the value of its offset slot. A frame whose
+    /// position could not be had is counted; one whose script has no line
+    /// table (Node.js's own modules) is not: every frame of such a script
+    /// goes without a line.
     fn interpreted_line(
         &mut self,
         function: &JsFunction,
