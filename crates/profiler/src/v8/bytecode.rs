@@ -106,8 +106,10 @@ impl BytecodePositions {
                 format!("bytecode {index} of at most {length}"),
             ));
         }
-        // A bytecode further in than this many bytes is not found.
-        let mut bytes = vec![0u8; length.min(MAX_BYTECODE_BYTES_READ)];
+        // Only as far as `index` bytecodes of the largest size can reach; a
+        // bytecode further in than the bound is not found.
+        let reach = (index + 1).saturating_mul(sizes.largest());
+        let mut bytes = vec![0u8; length.min(reach).min(MAX_BYTECODE_BYTES_READ)];
         heap.memory
             .read(array.address + self.layout.data, &mut bytes)?;
         let mut offset = 0usize;

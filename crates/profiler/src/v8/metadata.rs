@@ -352,6 +352,11 @@ impl BytecodeSizes {
         })
     }
 
+    /// The size of the largest bytecode, a prefix included.
+    pub fn largest(&self) -> usize {
+        1 + usize::from(self.table.iter().copied().max().unwrap_or(0))
+    }
+
     /// The size of the bytecode at the start of `bytes` (its prefix
     /// included), or None where `bytes` holds no whole bytecode.
     pub fn size_at(&self, bytes: &[u8]) -> Option<usize> {
@@ -839,6 +844,7 @@ pub(crate) mod tests {
         table[200 + 10] = 3;
         table[400 + 10] = 5;
         let sizes = BytecodeSizes::new(&table).unwrap();
+        assert_eq!(sizes.largest(), 6);
         assert_eq!(sizes.size_at(&[10, 0, 0]), Some(1));
         assert_eq!(sizes.size_at(&[0, 10, 0, 0]), Some(4));
         assert_eq!(sizes.size_at(&[1, 10, 0, 0, 0, 0]), Some(6));
