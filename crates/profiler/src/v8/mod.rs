@@ -87,7 +87,9 @@ pub struct Counts {
     pub not_expanded: u64,
     pub first_expand_failure: Option<String>,
     /// Frames of baseline code named in their sample (once a frame of
-    /// their code showed its function), with their line where it was had.
+    /// their code showed its function), with their line where it was had;
+    /// optimized code that keeps no function of its own (it cannot
+    /// deoptimize) is named alike, at its function's start.
     pub baseline: u64,
     /// Interpreted frames named from V8.
     pub interpreted: u64,
@@ -504,7 +506,9 @@ impl JsFrames {
                     },
                     (Some(Err(reason)), _) => Err(reason.clone()),
                     (_, Err(reason)) => Err(reason.clone()),
-                    (None, _) => Err("baseline code without bytecodes".into()),
+                    // Optimized code that cannot deoptimize keeps neither
+                    // its function nor positions: its function's start.
+                    (None, _) => Ok(None),
                 };
                 if let Ok(known) = found {
                     if self.baseline_offsets.len() >= MAX_CACHED_FRAMES {
