@@ -53,10 +53,27 @@ impl Symbols {
     /// (Node.js exports them) and `.symtab` when present. A symbol in a
     /// section without file bytes (`.bss`) is zero.
     pub fn from_elf(data: &[u8]) -> Result<Symbols, MetadataError> {
+        Ok(Symbols::and_bytecode_sizes_from_elf(data)?.0)
+    }
+
+    /// from_elf(), and V8's bytecode size table from the same pass over
+    /// the symbols (Err: why there is none).
+    fn and_bytecode_sizes_from_elf(
+        data: &[u8],
+    ) -> Result<(Symbols, Result<BytecodeSizes, String>), MetadataError> {
         let file = object::File::parse(data).map_err(|e| MetadataError::Parse(e.to_string()))?;
         let mut found = HashMap::new();
+        let mut sizes =
+            Err("the binary has no bytecode size table (Bytecodes::kBytecodeSizes)".into());
         for symbol in file.dynamic_symbols().chain(file.symbols()) {
             let Ok(name) = symbol.name() else { continue };
+            if name == BYTECODE_SIZES_SYMBOL {
+                // Listed in both tables on some lines: the first good one.
+                if sizes.is_err() {
+                    sizes = BytecodeSizes::from_symbol(&file, &symbol);
+                }
+                continue;
+            }
             let version = VERSION_SYMBOLS.iter().find(|(mangled, _)| *mangled == name);
             let Some(name) = name.strip_prefix(PREFIX).or(version.map(|(_, kept)| *kept)) else {
                 continue;
@@ -93,7 +110,7 @@ impl Symbols {
         {
             return Err(MetadataError::NoMetadata);
         }
-        Ok(Symbols(found))
+        Ok((Symbols(found), sizes))
     }
 
     pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, i64)>) -> Symbols {
@@ -308,8 +325,9 @@ pub struct BytecodeLayout {
 
 /// V8's table of bytecode sizes (`interpreter::Bytecodes::kBytecodeSizes`,
 /// in the binary's symbol table): one row per operand scale (single,
-/// double, quadruple), one byte per bytecode, prefix included. Bytecodes 0
-/// to 3 are the scaling prefixes (`Wide`, `ExtraWide` and their debug-break
+/// double, quadruple), one byte per bytecode, its size at that scale (the
+/// opcode and its operands; a scaling prefix comes on top). Bytecodes 0 to
+/// 3 are the scaling prefixes (`Wide`, `ExtraWide` and their debug-break
 /// forms), one byte each.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BytecodeSizes {
@@ -373,14 +391,11 @@ impl BytecodeSizes {
         (size <= bytes.len()).then_some(size)
     }
 
-    /// Reads the table from the ELF file `data`.
-    pub fn from_elf(data: &[u8]) -> Result<BytecodeSizes, String> {
-        let file = object::File::parse(data).map_err(|e| e.to_string())?;
-        let symbol = file
-            .symbols()
-            .chain(file.dynamic_symbols())
-            .find(|s| s.name() == Ok(BYTECODE_SIZES_SYMBOL))
-            .ok_or("the binary has no bytecode size table (Bytecodes::kBytecodeSizes)")?;
+    /// Reads the table at `symbol` of the ELF file `file`.
+    fn from_symbol<'data>(
+        file: &object::File<'data>,
+        symbol: &object::Symbol<'data, '_>,
+    ) -> Result<BytecodeSizes, String> {
         let section = symbol
             .section_index()
             .and_then(|i| file.section_by_index(i).ok())
@@ -699,9 +714,10 @@ impl Metadata {
 
     /// Reads the metadata of the ELF file `data`.
     pub fn from_elf(data: &[u8]) -> Result<Metadata, MetadataError> {
-        let mut metadata = Metadata::from_symbols(&Symbols::from_elf(data)?)?;
+        let (symbols, sizes) = Symbols::and_bytecode_sizes_from_elf(data)?;
+        let mut metadata = Metadata::from_symbols(&symbols)?;
         if let Ok(bytecode) = &mut metadata.bytecode {
-            bytecode.sizes = BytecodeSizes::from_elf(data);
+            bytecode.sizes = sizes;
         }
         Ok(metadata)
     }
@@ -769,7 +785,12 @@ pub(crate) mod tests {
             assert_eq!(m.heap_object_map, 0, "Node.js {major}");
             assert_eq!(m.string_fields.length, 12, "Node.js {major}");
             assert!(m.bytecode_array_type.is_some(), "Node.js {major}");
-            let sizes = BytecodeSizes::from_elf(&std::fs::read(&path).unwrap())
+            let bytecode = Metadata::from_elf(&std::fs::read(&path).unwrap())
+                .unwrap()
+                .bytecode
+                .unwrap();
+            let sizes = bytecode
+                .sizes
                 .unwrap_or_else(|e| panic!("Node.js {major}: {e}"));
             // V8 has about two hundred bytecodes.
             assert!(sizes.count > 180, "Node.js {major}: {}", sizes.count);
