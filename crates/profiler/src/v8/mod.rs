@@ -476,9 +476,10 @@ impl JsFrames {
     }
 
     /// The line a baseline frame runs at (`info` its Code, `offset` its
-    /// instruction's offset in it). None in its prologue, where V8 has not
-    /// collected the bytecode's positions, and where the walk failed
-    /// (counted): the frame is named by its function alone.
+    /// instruction's offset in it): its function's first line in its
+    /// prologue or where V8 has not collected the bytecode's positions;
+    /// None where the walk failed (counted) or the script has no line
+    /// table, and the frame is named by its function alone.
     fn baseline_line(
         &mut self,
         info: &CodeInfo,
@@ -521,8 +522,9 @@ impl JsFrames {
         };
         match found {
             Ok(Some(script_offset)) => function.line_at(script_offset),
-            // Its function's start, as V8 names such a frame.
-            Ok(None) => None,
+            // The prologue (V8's function entry), or no positions: its
+            // function's first line.
+            Ok(None) => function.position.map(|(line, _)| line),
             Err(reason) => {
                 self.counts.baseline_without_line += 1;
                 self.counts
