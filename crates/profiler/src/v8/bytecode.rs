@@ -70,7 +70,8 @@ impl BytecodePositions {
         // object tag (1) included: the bytecodes start one byte before
         // `data` from there.
         let offset = raw_offset - (self.layout.data as i64 - 1);
-        self.script_offset_at(heap, bytecode, offset)
+        let array = heap.object("BytecodeArray", bytecode)?;
+        self.script_offset_at(heap, bytecode, array, offset)
     }
 
     /// The script offset a baseline frame runs at: `code` is what its
@@ -131,17 +132,18 @@ impl BytecodePositions {
                 format!("bytecode {index} lies past the {length} bytecodes"),
             ));
         }
-        self.script_offset_at(heap, code.bytecode, offset as i64)
+        self.script_offset_at(heap, code.bytecode, array, offset as i64)
     }
 
-    /// The script offset at bytecode offset `offset` of `bytecode`.
+    /// The script offset at bytecode offset `offset` of `bytecode` (tagged;
+    /// `array`, the object it was read as).
     fn script_offset_at(
         &mut self,
         heap: &mut Heap<'_>,
         bytecode: u64,
+        array: Object,
         offset: i64,
     ) -> Result<Option<u64>, HeapError> {
-        let array = heap.object("BytecodeArray", bytecode)?;
         // A table read before, while the array still holds it: one read.
         let known = match self.tables.get(&bytecode) {
             Some(t) if heap.field(array, self.layout.table_slots[t.slot])? == t.word => {
