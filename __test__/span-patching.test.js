@@ -132,6 +132,34 @@ test("a user span class: arguments, `this`, return values and errors pass throug
   assert.deepStrictEqual(shape(UserSpan.prototype), before);
 });
 
+test('a wrapped method sees exactly the arguments it was given, however many, undefined ones included', frameOnly, (t) => {
+  withManager(t);
+  class CountingSpan extends userSpanClass() {
+    setAttribute(...args) {
+      this.calls.push(['setAttribute', args]);
+      return this;
+    }
+    updateName(...args) {
+      this.calls.push(['updateName', args]);
+      return this;
+    }
+  }
+  const originals = [CountingSpan.prototype.setAttribute, CountingSpan.prototype.updateName];
+  const span = new CountingSpan();
+  const lists = [[], ['k'], ['k', undefined], ['k', 'v'], ['k', 'v', 3], [undefined, undefined, undefined, 4, 5]];
+  inSpan(span, () => {
+    for (const args of lists) {
+      assert.strictEqual(span.setAttribute(...args), span);
+      assert.strictEqual(span.updateName(...args), span);
+    }
+  });
+  const seen = span.calls.filter((c) => c[0] === 'setAttribute').map((c) => c[1]);
+  assert.deepStrictEqual(seen, lists, 'setAttribute: the count and the values of its arguments');
+  assert.deepStrictEqual(span.calls.filter((c) => c[0] === 'updateName').map((c) => c[1]), lists, 'updateName, the same');
+  assert.notStrictEqual(CountingSpan.prototype.setAttribute, originals[0], 'setAttribute is wrapped');
+  assert.notStrictEqual(CountingSpan.prototype.updateName, originals[1], 'updateName is wrapped');
+});
+
 test('frozen spans and frozen prototypes: nothing throws, methods untouched where they cannot be redefined', frameOnly, (t) => {
   withManager(t);
   // A frozen span of a patchable class: its record is found without a property on it.

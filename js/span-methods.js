@@ -45,14 +45,25 @@ function methodObserver(methods) {
     if (installedWrappers.has(original)) return true;
     const redefinable = owner === proto ? descriptor.writable || descriptor.configurable : Object.isExtensible(proto);
     if (!redefinable) return false;
-    // `arguments` passed on as is: no rest array per call, and the
-    // original sees exactly the arguments it was given.
+    // The original sees exactly the arguments it was given. The usual
+    // counts are passed as named parameters: V8 then inlines the original
+    // into the wrapper (and both into the caller), where forwarding
+    // `arguments` made every call a generic one.
     const wrapper = {
-      [name]() {
+      [name](first, second) {
         try {
-          return Reflect.apply(original, this, arguments);
+          switch (arguments.length) {
+            case 0:
+              return original.call(this);
+            case 1:
+              return original.call(this, first);
+            case 2:
+              return original.call(this, first, second);
+            default:
+              return Reflect.apply(original, this, arguments);
+          }
         } finally {
-          after(this, arguments[0]);
+          after(this, first);
         }
       },
     }[name];
