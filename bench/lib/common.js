@@ -229,8 +229,10 @@ function onLines(stream, onLine) {
  * For a server whose `tracing` switches managers: answers the parent's
  * stdin lines `use <kind>` (switches, then prints {"using", "manager"}, the
  * global manager's class name) and `mark`
- * (prints {"cpuNs", "heap"}: this process's CPU time so far, to the
- * microsecond, and the heap since the previous mark, bench/lib/heap.js),
+ * (prints {"cpuNs", "heap", "monotonicNs"}: this process's CPU time so far, to the
+ * microsecond, the heap since the previous mark, bench/lib/heap.js, and
+ * CLOCK_MONOTONIC in ns as a decimal string, the clock `perf record -k
+ * CLOCK_MONOTONIC` stamps its samples with),
  * each with one JSON line on stdout. Calls `stop()` when stdin ends.
  */
 function answerSwitches(tracing, stop) {
@@ -243,7 +245,7 @@ function answerSwitches(tracing, stop) {
     } else if (command === 'mark') {
       // CPU first: of the heap read's few µs, only a burst's first falls in its CPU window.
       const cpu = cpuNs();
-      report({ cpuNs: cpu, heap: heap() });
+      report({ cpuNs: cpu, heap: heap(), monotonicNs: String(process.hrtime.bigint()) });
     }
   });
   process.stdin.on('end', stop);

@@ -1,0 +1,389 @@
+#!/usr/bin/env node
+'use strict';
+// Where a traced server's extra CPU per request goes: the http, Express and
+// Fastify servers of `npm run bench`, each one process switching between
+// manager kinds (stock, bare, ours by default) in turns of short bursts of
+// load, as the switching suites do, while Linux `perf` samples all its
+// threads (V8's GC helpers and compiler threads included) on
+// CLOCK_MONOTONIC. A sample counts for the kind whose measured burst it
+// falls in; each kind's CPU per request (the process's own count, over its
+// bursts) is split by what its sampled threads were doing:
+//
+// - garbage collection: a V8 collector's frame anywhere on the stack, on
+//   the main thread or a helper;
+// - the package and what it calls: as in bench/self-time.js (its own code,
+//   and the store reads, runtime calls and builtins it sets off; not the
+//   callbacks with() runs);
+// - V8 builtins, ICs and runtime, JavaScript, the kernel, other native
+//   code: by the innermost frame of everything else.
+//
+// Beside them, the heap bytes allocated and collections per request, from
+// v8.GCProfiler windows over the same bursts (bench/lib/heap.js). The
+// tables show the median over rounds (one server each) of each figure and
+// of ours − stock, then the innermost functions whose time differs most
+// between ours and stock.
+//
+//   node bench/request-breakdown.js [--node <path>[,<path>...]]
+//       [--only http,service,fastify] [--kinds stock,bare,ours]
+//       [--rounds N] [--cycles N] [--burst N] [--frequency HZ] [--top N]
+//
+// Needs `perf` (linux-perf) and permission to sample another process (root,
+// or kernel.perf_event_paranoid <= 1). BENCHMARKS.md has a run.
+
+const { spawn, spawnSync } = require('node:child_process');
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+const { ROOT, startCase } = require('./lib/processes');
+const { cycleOrder } = require('./lib/turns');
+const { onLines } = require('./lib/common');
+const { median } = require('./lib/stats');
+
+/** Each server, and the requests of one measured burst (the switching suites' bursts). */
+const CASES = {
+  http: { server: 'http-server', path: '/', burst: 300 },
+  service: { server: 'service-server', path: '/orders/42', burst: 100 },
+  fastify: { server: 'fastify-server', path: '/', burst: 300 },
+};
+const KINDS = ['stock', 'bare', 'ours', 'record', 'name', 'rootid', 'route', 'stamps', 'floor', 'datadog'];
+
+function fail(message) {
+  console.error(`request-breakdown: ${message}`);
+  process.exit(2);
+}
+
+function parseArgs(argv) {
+  const opts = { nodes: [], only: Object.keys(CASES), kinds: ['stock', 'bare', 'ours'], rounds: 3, cycles: 40, burst: null, frequency: 1999, top: 12 };
+  for (let i = 0; i < argv.length; i++) {
+    const value = () => {
+      if (i + 1 >= argv.length) fail(`${argv[i]} needs a value`);
+      return argv[++i];
+    };
+    const positive = (name) => {
+      const n = Number.parseInt(value(), 10);
+      if (!(n > 0)) fail(`${name} must be a positive integer`);
+      return n;
+    };
+    switch (argv[i]) {
+      case '--node':
+        opts.nodes.push(...value().split(',').filter(Boolean));
+        break;
+      case '--only':
+        opts.only = value().split(',').filter(Boolean);
+        for (const name of opts.only) if (!CASES[name]) fail(`unknown case ${name} (${Object.keys(CASES).join(', ')})`);
+        break;
+      case '--kinds':
+        opts.kinds = value().split(',').filter(Boolean);
+        for (const kind of opts.kinds) if (!KINDS.includes(kind)) fail(`unknown kind ${kind} (${KINDS.join(', ')})`);
+        if (!opts.kinds.includes('stock')) fail('--kinds must include stock, the reference');
+        break;
+      case '--rounds':
+        opts.rounds = positive('--rounds');
+        break;
+      case '--cycles':
+        opts.cycles = positive('--cycles');
+        break;
+      case '--burst':
+        opts.burst = positive('--burst');
+        break;
+      case '--frequency':
+        opts.frequency = positive('--frequency');
+        break;
+      case '--top':
+        opts.top = positive('--top');
+        break;
+      default:
+        fail(`unknown option ${argv[i]}`);
+    }
+  }
+  if (opts.nodes.length === 0) opts.nodes.push(process.execPath);
+  return opts;
+}
+
+/** Files whose frames are the package's own code. */
+const OURS = [path.join(ROOT, 'js') + path.sep, path.join(ROOT, 'index.js')];
+const addon = require('../js/native').addonPath();
+if (addon) OURS.push(path.basename(addon));
+const isOurs = (frame) => OURS.some((needle) => frame.includes(needle));
+
+/** AsyncLocalStorage's run(): above it runs the callback with() was given (bench/self-time.js). */
+const RUNS_CALLBACK = /JS:\S*\brun node:(async_hooks|internal\/async_local_storage\/)/;
+
+/** A frame of one of V8's collectors (young or old generation, concurrent or not, sweeping). */
+const GC_FRAME =
+  /v8::internal::(Heap::(CollectGarbage|PerformGarbageCollection|CollectAllGarbage|StartIncrementalMarking|FinalizeIncrementalMarking)|Scaveng|MarkCompact|MinorMark|ConcurrentMarking|IncrementalMarking|Sweeper|ArrayBufferSweeper|Evacuat|MarkingVisitor|MainMarkingVisitor|ConcurrentMarkingVisitor|MarkingWorklist|PointersUpdating|GlobalHandles::(PostGarbageCollectionProcessing|InvokeFirstPassWeakCallbacks|InvokeSecondPassPhantomCallbacks)|MemoryReducer|GCTracer|CppHeap|Heap::GarbageCollection|Heap::MarkCompact)/;
+
+/** The script of a JavaScript frame (`node:...` for Node's own), or null. */
+function scriptOf(frame) {
+  const m = /JS:.*?(\S+):\d+:\d+(?: \(|$)/.exec(frame);
+  return m ? m[1] : null;
+}
+
+/** The package's code or what it calls, before any run() of a with() (bench/self-time.js). */
+function inPackageWork(frames) {
+  for (const frame of frames) {
+    if (isOurs(frame)) return true;
+    if (RUNS_CALLBACK.test(frame)) return false;
+    const script = scriptOf(frame);
+    if (script !== null && !script.startsWith('node:')) return false;
+  }
+  return false;
+}
+
+const BUCKETS = ['gc', 'package', 'v8', 'js', 'kernel', 'native'];
+const BUCKET_TITLES = {
+  gc: 'garbage collection (all threads)',
+  package: 'the package and what it calls',
+  v8: 'V8 builtins, ICs and runtime',
+  js: 'other JavaScript (Node, SDK, instrumentations, server)',
+  kernel: 'the kernel (sockets, scheduling)',
+  native: 'other native code (Node, libuv, libc, compilers)',
+};
+
+/** The bucket of a sample's stack, innermost frame first (`<address> <symbol> (<object>)`). */
+function bucketOf(frames) {
+  if (frames.some((frame) => GC_FRAME.test(frame))) return 'gc';
+  if (inPackageWork(frames)) return 'package';
+  const leaf = frames[0];
+  if (/\(\[kernel\.kallsyms\]\)$/.test(leaf)) return 'kernel';
+  if (/\sJS:/.test(leaf) || /\sLazyCompile:|\sFunction:/.test(leaf)) return 'js';
+  if (/\s(Builtins?[_:]|BytecodeHandler:|Stub:|Handler:|RegExp:)/.test(leaf) || /v8::internal::|v8::(Object|Value|Isolate|Function)/.test(leaf)) {
+    return 'v8';
+  }
+  return 'native';
+}
+
+/** A sample's innermost function: `JS:*name file.js:1:2` → `name (file.js)`; a native symbol without its arguments. */
+function leafName(frame) {
+  const js = /JS:[*~^'+]*([^ ]*) (\S+?):\d+:\d+/.exec(frame);
+  if (js) return `${js[1] || '(anonymous)'} (${path.basename(js[2])})`;
+  const symbol = frame.replace(/^[0-9a-f]+\s+/, '').replace(/\s+\([^)]*\)$/, '');
+  return symbol.replace(/\(.*$/, '').replace(/\+0x[0-9a-f]+$/, '');
+}
+
+/** Sends a line to a started case and resolves with its next JSON line. */
+function control(started) {
+  const waiting = [];
+  onLines(started.child.stdout, (line) => {
+    if (line.startsWith('{') && waiting.length > 0) waiting.shift()(JSON.parse(line));
+  });
+  return (line) =>
+    new Promise((resolve) => {
+      waiting.push(resolve);
+      started.child.stdin.write(`${line}\n`);
+    });
+}
+
+/**
+ * The samples of a perf.data file recorded with `-g -k CLOCK_MONOTONIC`:
+ * `{ seconds, frames }`, frames innermost first.
+ */
+function samplesOf(data) {
+  const r = spawnSync('perf', ['script', '-i', data, '-F', 'time,ip,sym,dso'], { encoding: 'utf8', maxBuffer: 4096 * 2 ** 20 });
+  if (r.status !== 0) throw new Error(`perf script failed: ${r.stderr}`);
+  const samples = [];
+  for (const block of r.stdout.split(/\n\s*\n/)) {
+    const lines = block.split('\n').map((line) => line.trim()).filter(Boolean);
+    if (lines.length < 2) continue;
+    const seconds = Number.parseFloat(lines[0]);
+    if (Number.isFinite(seconds)) samples.push({ seconds, frames: lines.slice(1) });
+  }
+  return samples;
+}
+
+/** The index of the window [start, end] (sorted, disjoint) holding `t`, or -1. */
+function windowOf(windows, t) {
+  let lo = 0;
+  let hi = windows.length - 1;
+  while (lo <= hi) {
+    const mid = (lo + hi) >> 1;
+    if (t < windows[mid].start) hi = mid - 1;
+    else if (t > windows[mid].end) lo = mid + 1;
+    else return mid;
+  }
+  return -1;
+}
+
+/**
+ * One server switching between `kinds` (bench/lib/common.js,
+ * answerSwitches), its turns taken in rotating order under burst load, while
+ * perf samples all its threads: each kind's per-request figures, its
+ * samples being those stamped inside its own measured bursts.
+ */
+async function measureRound(node, name, kinds, upstream, opts) {
+  const spec = CASES[name];
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'otel-breakdown-'));
+  const data = path.join(dir, 'perf.data');
+  const params = { manager: kinds };
+  if (upstream) params.upstream = `http://127.0.0.1:${upstream.first.port}`;
+  let server = null;
+  let generator = null;
+  let perf = null;
+  try {
+    server = await startCase(node, spec.server, params, { core: 0, nodeArgs: ['--perf-basic-prof'] });
+    const ran = server.first.managers;
+    const ask = control(server);
+    const url = `http://127.0.0.1:${server.first.port}${spec.path}`;
+    generator = await startCase(process.execPath, 'http-bursts', { url, connections: 10 }, { core: 1 });
+    const send = control(generator);
+    const load = async (amount) => {
+      const result = await send(String(amount));
+      if (result.errors > 0) throw new Error(`${result.errors} failed requests`);
+      return result;
+    };
+    const burst = opts.burst ?? spec.burst;
+    // Every kind's paths warm (and compiled) before anything is measured.
+    for (let w = 0; w < 2; w++) {
+      for (const kind of ran) {
+        await ask(`use ${kind}`);
+        await load(burst);
+      }
+    }
+    perf = spawn('perf', ['record', '-q', '-g', '-k', 'CLOCK_MONOTONIC', '-F', String(opts.frequency), '-p', String(server.first.pid), '-o', data], {
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let perfErr = '';
+    perf.stderr.on('data', (d) => (perfErr += d));
+    const perfDone = new Promise((resolve) => perf.on('close', resolve));
+    // perf attaches asynchronously.
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    const totals = Object.fromEntries(ran.map((kind) => [kind, { cpuNs: 0, requests: 0, bytes: 0, scavenges: 0, gcs: 0 }]));
+    const windows = [];
+    for (let c = 0; c < opts.cycles; c++) {
+      for (const kind of cycleOrder(ran, c)) {
+        await ask(`use ${kind}`);
+        await load(Math.max(2, Math.round(burst / 10)));
+        const before = await ask('mark');
+        const result = await load(burst);
+        const after = await ask('mark');
+        const t = totals[kind];
+        t.cpuNs += after.cpuNs - before.cpuNs;
+        t.requests += result.requests;
+        t.bytes += after.heap.bytes;
+        t.scavenges += after.heap.scavenges;
+        t.gcs += after.heap.gcs;
+        windows.push({ kind, start: Number(before.monotonicNs) / 1e9, end: Number(after.monotonicNs) / 1e9 });
+      }
+    }
+    perf.kill('SIGINT');
+    const code = await perfDone;
+    if (!fs.existsSync(data)) throw new Error(`perf record failed (${code}): ${perfErr.trim()}`);
+    const counts = Object.fromEntries(ran.map((kind) => [kind, { buckets: Object.fromEntries(BUCKETS.map((b) => [b, 0])), functions: new Map(), samples: 0 }]));
+    for (const { seconds, frames } of samplesOf(data)) {
+      const at = windowOf(windows, seconds);
+      if (at < 0) continue;
+      const k = counts[windows[at].kind];
+      const bucket = bucketOf(frames);
+      k.buckets[bucket]++;
+      k.samples++;
+      const fn = `${leafName(frames[0])} [${bucket}]`;
+      k.functions.set(fn, (k.functions.get(fn) ?? 0) + 1);
+    }
+    const figures = {};
+    for (const kind of ran) {
+      const t = totals[kind];
+      const k = counts[kind];
+      const cpuUs = t.cpuNs / 1e3 / t.requests;
+      // Shares of the kind's samples, as µs of its measured CPU per request.
+      const share = (n) => (k.samples === 0 ? NaN : (cpuUs * n) / k.samples);
+      const f = { cpuUs, samples: k.samples, bytes: t.bytes / t.requests };
+      for (const b of BUCKETS) f[b] = share(k.buckets[b]);
+      f.functions = new Map([...k.functions].map(([fn, n]) => [fn, share(n)]));
+      f.scavenges = (1e4 * t.scavenges) / t.requests;
+      f.otherGcs = (1e4 * (t.gcs - t.scavenges)) / t.requests;
+      figures[kind] = f;
+    }
+    return figures;
+  } finally {
+    if (perf && perf.exitCode === null) perf.kill('SIGINT');
+    if (generator) await generator.stop().catch(() => {});
+    if (server) {
+      server.child.kill('SIGKILL');
+      // --perf-basic-prof leaves /tmp/perf-<pid>.map behind.
+      fs.rmSync(`/tmp/perf-${server.first.pid}.map`, { force: true });
+    }
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+const ROWS = [
+  ['cpuUs', 'CPU per request, µs'],
+  ...BUCKETS.map((b) => [b, `  ${BUCKET_TITLES[b]}, µs`]),
+  ['bytes', 'heap bytes allocated per request'],
+  ['scavenges', 'young-generation collections per 10,000 requests'],
+  ['otherGcs', 'other collections per 10,000 requests'],
+];
+
+function formatFigure(key, value) {
+  if (!Number.isFinite(value)) return 'n/a';
+  if (key === 'bytes') return Math.round(value).toLocaleString('en-US');
+  return value.toFixed(1);
+}
+
+function signed(key, value) {
+  const text = formatFigure(key, Math.abs(value));
+  return value < 0 ? `−${text}` : `+${text}`;
+}
+
+/**
+ * The `top` innermost functions whose µs per request differ most between
+ * ours and stock (median over rounds of the paired difference), with their
+ * bucket: what the extra time is spent in, by function.
+ */
+function largestDifferences(byKind, top) {
+  const names = new Set();
+  for (const f of [...byKind.stock, ...byKind.ours]) for (const fn of f.functions.keys()) names.add(fn);
+  const rows = [...names].map((fn) => {
+    const at = (f) => f.functions.get(fn) ?? 0;
+    return { fn, stock: median(byKind.stock.map(at)), ours: median(byKind.ours.map(at)), diff: median(byKind.stock.map((s, i) => at(byKind.ours[i]) - at(s))) };
+  });
+  rows.sort((a, b) => Math.abs(b.diff) - Math.abs(a.diff));
+  const lines = ['| innermost function [bucket] | stock, µs | ours, µs | ours − stock |', '| --- | ---: | ---: | ---: |'];
+  for (const r of rows.slice(0, top)) lines.push(`| ${r.fn.replace(/\|/g, '\\|')} | ${r.stock.toFixed(2)} | ${r.ours.toFixed(2)} | ${signed('', r.diff)} |`);
+  return lines;
+}
+
+async function main() {
+  const opts = parseArgs(process.argv.slice(2));
+  if (spawnSync('perf', ['--version'], { stdio: 'ignore' }).status !== 0) fail('needs `perf` (linux-perf) on PATH');
+  if (!addon) fail('the addon is missing; build it first with `npm install`');
+  const out = [];
+  for (const node of opts.nodes) {
+    const version = spawnSync(node, ['-p', 'process.versions.node'], { encoding: 'utf8' }).stdout.trim();
+    for (const name of opts.only) {
+      const upstream = name === 'service' ? await startCase(process.execPath, 'upstream', {}, { core: 1 }) : null;
+      const byKind = Object.fromEntries(opts.kinds.map((kind) => [kind, []]));
+      try {
+        for (let round = 0; round < opts.rounds; round++) {
+          process.stderr.write(`request-breakdown: ${name} on node ${version}, round ${round + 1} of ${opts.rounds} ...\n`);
+          const figures = await measureRound(node, name, opts.kinds, upstream, opts);
+          // A kind the server could not run here (the Datadog peer before Node 24) shows n/a.
+          for (const kind of opts.kinds) byKind[kind].push(figures[kind] ?? null);
+        }
+      } finally {
+        if (upstream) await upstream.stop();
+      }
+      const ran = (kind) => byKind[kind].filter((f) => f !== null);
+      const medianOf = (kind, key) => (ran(kind).length === 0 ? NaN : median(ran(kind).map((f) => f[key])));
+      const diff = (key) => median(byKind.stock.map((s, i) => byKind.ours?.[i]?.[key] - s[key]));
+      const hasOurs = opts.kinds.includes('ours');
+      out.push(`### ${name}, Node ${version} (median of ${opts.rounds} rounds)`, '');
+      out.push(`| | ${opts.kinds.join(' | ')}${hasOurs ? ' | ours − stock |' : ''}`);
+      out.push(`| --- |${' ---: |'.repeat(opts.kinds.length + (hasOurs ? 1 : 0))}`);
+      for (const [key, title] of ROWS) {
+        const cells = opts.kinds.map((kind) => formatFigure(key, medianOf(kind, key)));
+        if (hasOurs) cells.push(signed(key, diff(key)));
+        out.push(`| ${title} | ${cells.join(' | ')} |`);
+      }
+      out.push('');
+      if (hasOurs) out.push(...largestDifferences(byKind, opts.top), '');
+      process.stderr.write(`${out.slice(-ROWS.length - 4).join('\n')}\n`);
+    }
+  }
+  console.log(out.join('\n'));
+}
+
+main().catch((err) => {
+  console.error(err);
+  process.exit(1);
+});
