@@ -171,3 +171,40 @@ test('bench/cold-spans.js refuses a bad argument', () => {
   assert.notStrictEqual(r.status, 0);
   assert.match(r.stderr, /RangeError: --rounds must be a positive integer/);
 });
+
+const perfReason = (() => {
+  if (spawnSync('perf', ['--version'], { stdio: 'ignore' }).status !== 0) return 'needs perf (linux-perf)';
+  if (typeof process.getuid === 'function' && process.getuid() !== 0) {
+    const paranoid = Number.parseInt(fs.readFileSync('/proc/sys/kernel/perf_event_paranoid', 'utf8'), 10);
+    if (!(paranoid <= 1)) return 'needs root or kernel.perf_event_paranoid <= 1';
+  }
+  return null;
+})();
+
+test('bench/request-breakdown.js splits each manager\'s CPU per request into parts that add up to it', { skip: perfReason ?? false }, () => {
+  const r = spawnSync(
+    process.execPath,
+    ['bench/request-breakdown.js', '--only', 'http', '--kinds', 'stock,ours', '--rounds', '1', '--cycles', '10', '--burst', '150', '--top', '5'],
+    { cwd: ROOT, encoding: 'utf8', timeout: 120000 },
+  );
+  assert.strictEqual(r.status, 0, r.stderr);
+  const lines = r.stdout.split('\n');
+  const cells = (title) => {
+    const row = lines.find((l) => l.startsWith(`| ${title}`));
+    assert.ok(row, `no row ${title}:\n${r.stdout}`);
+    return row.split('|').slice(2, -1).map((c) => Number.parseFloat(c.trim().replace(/,/g, '').replace('−', '-')));
+  };
+  const cpu = cells('CPU per request, µs');
+  const parts = ['garbage collection', 'the package and what it calls', 'V8 builtins', 'other JavaScript', 'the kernel', 'other native code'].map(
+    (title) => cells(`  ${title}`),
+  );
+  // Columns: stock, ours (one round: the medians are that round's figures).
+  for (const column of [0, 1]) {
+    assert.ok(cpu[column] > 0, `CPU per request ${cpu[column]}`);
+    const sum = parts.reduce((total, part) => total + part[column], 0);
+    assert.ok(Math.abs(sum - cpu[column]) <= 0.05 * parts.length + 0.01 * cpu[column], `parts ${sum} against CPU ${cpu[column]}`);
+  }
+  assert.ok(parts[1][1] > 0, 'ours spends some of its time in the package');
+  assert.ok(cells('heap bytes allocated per request')[0] > 1000, 'a traced request allocates');
+  assert.ok(lines.some((l) => l.startsWith('| innermost function [bucket] |')), r.stdout);
+});
