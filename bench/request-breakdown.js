@@ -34,7 +34,8 @@ const { spawn, spawnSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { ROOT, startCase } = require('./lib/processes');
+const { startCase } = require('./lib/processes');
+const { addon, inPackageWork, functionName } = require('./lib/perf-stacks');
 const { cycleOrder } = require('./lib/turns');
 const { onLines } = require('./lib/common');
 const { median } = require('./lib/stats');
@@ -100,35 +101,9 @@ function parseArgs(argv) {
   return opts;
 }
 
-/** Files whose frames are the package's own code. */
-const OURS = [path.join(ROOT, 'js') + path.sep, path.join(ROOT, 'index.js')];
-const addon = require('../js/native').addonPath();
-if (addon) OURS.push(path.basename(addon));
-const isOurs = (frame) => OURS.some((needle) => frame.includes(needle));
-
-/** AsyncLocalStorage's run(): above it runs the callback with() was given (bench/self-time.js). */
-const RUNS_CALLBACK = /JS:\S*\brun node:(async_hooks|internal\/async_local_storage\/)/;
-
 /** A frame of one of V8's collectors (young or old generation, concurrent or not, sweeping). */
 const GC_FRAME =
   /v8::internal::(Heap::(CollectGarbage|PerformGarbageCollection|CollectAllGarbage|StartIncrementalMarking|FinalizeIncrementalMarking)|Scaveng|MarkCompact|MinorMark|ConcurrentMarking|IncrementalMarking|Sweeper|ArrayBufferSweeper|Evacuat|MarkingVisitor|MainMarkingVisitor|ConcurrentMarkingVisitor|MarkingWorklist|PointersUpdating|GlobalHandles::(PostGarbageCollectionProcessing|InvokeFirstPassWeakCallbacks|InvokeSecondPassPhantomCallbacks)|MemoryReducer|GCTracer|CppHeap|Heap::GarbageCollection|Heap::MarkCompact)/;
-
-/** The script of a JavaScript frame (`node:...` for Node's own), or null. */
-function scriptOf(frame) {
-  const m = /JS:.*?(\S+):\d+:\d+(?: \(|$)/.exec(frame);
-  return m ? m[1] : null;
-}
-
-/** The package's code or what it calls, before any run() of a with() (bench/self-time.js). */
-function inPackageWork(frames) {
-  for (const frame of frames) {
-    if (isOurs(frame)) return true;
-    if (RUNS_CALLBACK.test(frame)) return false;
-    const script = scriptOf(frame);
-    if (script !== null && !script.startsWith('node:')) return false;
-  }
-  return false;
-}
 
 const BUCKETS = ['gc', 'package', 'v8', 'js', 'kernel', 'native'];
 const BUCKET_TITLES = {
@@ -151,14 +126,6 @@ function bucketOf(frames) {
     return 'v8';
   }
   return 'native';
-}
-
-/** A sample's innermost function: `JS:*name file.js:1:2` → `name (file.js)`; a native symbol without its arguments. */
-function leafName(frame) {
-  const js = /JS:[*~^'+]*([^ ]*) (\S+?):\d+:\d+/.exec(frame);
-  if (js) return `${js[1] || '(anonymous)'} (${path.basename(js[2])})`;
-  const symbol = frame.replace(/^[0-9a-f]+\s+/, '').replace(/\s+\([^)]*\)$/, '');
-  return symbol.replace(/\(.*$/, '').replace(/\+0x[0-9a-f]+$/, '');
 }
 
 /** Sends a line to a started case and resolves with its next JSON line. */
@@ -276,7 +243,7 @@ async function measureRound(node, name, kinds, upstream, opts) {
       const bucket = bucketOf(frames);
       k.buckets[bucket]++;
       k.samples++;
-      const fn = `${leafName(frames[0])} [${bucket}]`;
+      const fn = `${functionName(frames[0])} [${bucket}]`;
       k.functions.set(fn, (k.functions.get(fn) ?? 0) + 1);
     }
     const figures = {};

@@ -29,7 +29,8 @@ const { spawn, spawnSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { ROOT, runCase, startCase } = require('./lib/processes');
+const { runCase, startCase } = require('./lib/processes');
+const { addon, isOurs, inPackageWork, functionName } = require('./lib/perf-stacks');
 
 const CASES = {
   http: { server: 'http-server', path: '/', requests: 30000 },
@@ -72,11 +73,6 @@ function fail(message) {
   process.exit(2);
 }
 
-/** Files whose frames are the package's own code. */
-const OURS = [path.join(ROOT, 'js') + path.sep, path.join(ROOT, 'index.js')];
-const addon = require('../js/native').addonPath();
-if (addon) OURS.push(path.basename(addon));
-
 /**
  * The call stacks of a perf.data file recorded with `-g`, innermost frame
  * first; each frame is `<address> <symbol> (<object>)` as `perf script`
@@ -89,46 +85,6 @@ function sampleStacks(data) {
     .split(/\n\s*\n/)
     .map((block) => block.split('\n').map((line) => line.trim()).filter(Boolean))
     .filter((frames) => frames.length > 0);
-}
-
-const isOurs = (frame) => OURS.some((needle) => frame.includes(needle));
-
-/**
- * AsyncLocalStorage's run(), on either implementation: what runs above it
- * is the callback that with() runs (application and instrumentation code),
- * not the package's work.
- */
-const RUNS_CALLBACK = /JS:\S*\brun node:(async_hooks|internal\/async_local_storage\/)/;
-
-/** The script of a JavaScript frame (`node:...` for Node's own), or null. */
-function scriptOf(frame) {
-  const m = /JS:.*?(\S+):\d+:\d+(?: \(|$)/.exec(frame);
-  return m ? m[1] : null;
-}
-
-/**
- * Whether a sample was spent in the package's code or in what that code
- * calls (getStore(), the runtime, a collection it sets off): the nearest
- * package frame up the stack is reached through native frames and Node's
- * own JavaScript only, and before any run() of a with(). Where V8 inlined
- * run() into with(), the callback's own frame (application code) still
- * ends the walk.
- */
-function inPackageWork(frames) {
-  for (const frame of frames) {
-    if (isOurs(frame)) return true;
-    if (RUNS_CALLBACK.test(frame)) return false;
-    const script = scriptOf(frame);
-    if (script !== null && !script.startsWith('node:')) return false;
-  }
-  return false;
-}
-
-/** `7f.. JS:*publishContext /path/js/context-manager.js:126:24 (/tmp/perf-1.map)` → `publishContext (context-manager.js)`. */
-function functionName(frame) {
-  const js = /JS:[*~^'+]*([^ ]*) (\S+?):\d+:\d+/.exec(frame);
-  if (js) return `${js[1] || '(anonymous)'} (${path.basename(js[2])})`;
-  return frame.replace(/^[0-9a-f]+\s+/, '').replace(/\s+\([^)]*\)$/, '');
 }
 
 async function profileCase(node, name, opts) {
