@@ -37,7 +37,7 @@ const path = require('node:path');
 const { startCase } = require('./lib/processes');
 const { addon, inPackageWork, functionName } = require('./lib/perf-stacks');
 const { cycleOrder } = require('./lib/turns');
-const { onLines } = require('./lib/common');
+const { lineControl } = require('./lib/suites');
 const { median } = require('./lib/stats');
 
 /** Each server, and the requests of one measured burst (the switching suites' bursts). */
@@ -128,19 +128,6 @@ function bucketOf(frames) {
   return 'native';
 }
 
-/** Sends a line to a started case and resolves with its next JSON line. */
-function control(started) {
-  const waiting = [];
-  onLines(started.child.stdout, (line) => {
-    if (line.startsWith('{') && waiting.length > 0) waiting.shift()(JSON.parse(line));
-  });
-  return (line) =>
-    new Promise((resolve) => {
-      waiting.push(resolve);
-      started.child.stdin.write(`${line}\n`);
-    });
-}
-
 /**
  * The samples of a perf.data file recorded with `-g -k CLOCK_MONOTONIC`:
  * `{ seconds, frames }`, frames innermost first.
@@ -189,10 +176,10 @@ async function measureRound(node, name, kinds, upstream, opts) {
   try {
     server = await startCase(node, spec.server, params, { core: 0, nodeArgs: ['--perf-basic-prof'] });
     const ran = server.first.managers;
-    const ask = control(server);
+    const ask = lineControl(server);
     const url = `http://127.0.0.1:${server.first.port}${spec.path}`;
     generator = await startCase(process.execPath, 'http-bursts', { url, connections: 10 }, { core: 1 });
-    const send = control(generator);
+    const send = lineControl(generator);
     const load = async (amount) => {
       const result = await send(String(amount));
       if (result.errors > 0) throw new Error(`${result.errors} failed requests`);

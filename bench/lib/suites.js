@@ -950,4 +950,4 @@ const SUITES = [
   workers,
 ];
 
-module.exports = { SUITES, chooseInterleavedKinds };
+module.exports = { SUITES, chooseInterleavedKinds, lineControl };
