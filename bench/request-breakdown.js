@@ -35,7 +35,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { startCase } = require('./lib/processes');
-const { addon, inPackageWork, functionName } = require('./lib/perf-stacks');
+const { addon, perfSamples, inPackageWork, functionName } = require('./lib/perf-stacks');
 const { cycleOrder } = require('./lib/turns');
 const { lineControl } = require('./lib/suites');
 const { median } = require('./lib/stats');
@@ -103,7 +103,7 @@ function parseArgs(argv) {
 
 /** A frame of one of V8's collectors (young or old generation, concurrent or not, sweeping). */
 const GC_FRAME =
-  /v8::internal::(Heap::(CollectGarbage|PerformGarbageCollection|CollectAllGarbage|StartIncrementalMarking|FinalizeIncrementalMarking)|Scaveng|MarkCompact|MinorMark|ConcurrentMarking|IncrementalMarking|Sweeper|ArrayBufferSweeper|Evacuat|MarkingVisitor|MainMarkingVisitor|ConcurrentMarkingVisitor|MarkingWorklist|PointersUpdating|GlobalHandles::(PostGarbageCollectionProcessing|InvokeFirstPassWeakCallbacks|InvokeSecondPassPhantomCallbacks)|MemoryReducer|GCTracer|CppHeap|Heap::GarbageCollection|Heap::MarkCompact)/;
+  /v8::internal::(Heap::(CollectGarbage|CollectAllGarbage|PerformGarbageCollection|GarbageCollection|MarkCompact|StartIncrementalMarking|FinalizeIncrementalMarking)|Scaveng|MarkCompact|MinorMark|ConcurrentMarking|IncrementalMarking|Sweeper|ArrayBufferSweeper|Evacuat|MarkingVisitor|MainMarkingVisitor|MarkingWorklist|PointersUpdating|GlobalHandles::(PostGarbageCollectionProcessing|InvokeFirstPassWeakCallbacks|InvokeSecondPassPhantomCallbacks)|MemoryReducer|GCTracer|CppHeap)/;
 
 const BUCKETS = ['gc', 'package', 'v8', 'js', 'kernel', 'native'];
 const BUCKET_TITLES = {
@@ -126,23 +126,6 @@ function bucketOf(frames) {
     return 'v8';
   }
   return 'native';
-}
-
-/**
- * The samples of a perf.data file recorded with `-g -k CLOCK_MONOTONIC`:
- * `{ seconds, frames }`, frames innermost first.
- */
-function samplesOf(data) {
-  const r = spawnSync('perf', ['script', '-i', data, '-F', 'time,ip,sym,dso'], { encoding: 'utf8', maxBuffer: 4096 * 2 ** 20 });
-  if (r.status !== 0) throw new Error(`perf script failed: ${r.stderr}`);
-  const samples = [];
-  for (const block of r.stdout.split(/\n\s*\n/)) {
-    const lines = block.split('\n').map((line) => line.trim()).filter(Boolean);
-    if (lines.length < 2) continue;
-    const seconds = Number.parseFloat(lines[0]);
-    if (Number.isFinite(seconds)) samples.push({ seconds, frames: lines.slice(1) });
-  }
-  return samples;
 }
 
 /** The index of the window [start, end] (sorted, disjoint) holding `t`, or -1. */
@@ -223,7 +206,7 @@ async function measureRound(node, name, kinds, upstream, opts) {
     const code = await perfDone;
     if (!fs.existsSync(data)) throw new Error(`perf record failed (${code}): ${perfErr.trim()}`);
     const counts = Object.fromEntries(ran.map((kind) => [kind, { buckets: Object.fromEntries(BUCKETS.map((b) => [b, 0])), functions: new Map(), samples: 0 }]));
-    for (const { seconds, frames } of samplesOf(data)) {
+    for (const { seconds, frames } of perfSamples(data)) {
       const at = windowOf(windows, seconds);
       if (at < 0) continue;
       const k = counts[windows[at].kind];
@@ -240,7 +223,7 @@ async function measureRound(node, name, kinds, upstream, opts) {
       const cpuUs = t.cpuNs / 1e3 / t.requests;
       // Shares of the kind's samples, as µs of its measured CPU per request.
       const share = (n) => (k.samples === 0 ? NaN : (cpuUs * n) / k.samples);
-      const f = { cpuUs, samples: k.samples, bytes: t.bytes / t.requests };
+      const f = { cpuUs, bytes: t.bytes / t.requests };
       for (const b of BUCKETS) f[b] = share(k.buckets[b]);
       f.functions = new Map([...k.functions].map(([fn, n]) => [fn, share(n)]));
       f.scavenges = (1e4 * t.scavenges) / t.requests;

@@ -30,7 +30,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { runCase, startCase } = require('./lib/processes');
-const { addon, isOurs, inPackageWork, functionName } = require('./lib/perf-stacks');
+const { addon, perfSamples, isOurs, inPackageWork, functionName } = require('./lib/perf-stacks');
 
 const CASES = {
   http: { server: 'http-server', path: '/', requests: 30000 },
@@ -73,20 +73,6 @@ function fail(message) {
   process.exit(2);
 }
 
-/**
- * The call stacks of a perf.data file recorded with `-g`, innermost frame
- * first; each frame is `<address> <symbol> (<object>)` as `perf script`
- * prints it.
- */
-function sampleStacks(data) {
-  const r = spawnSync('perf', ['script', '-i', data, '-F', 'ip,sym,dso'], { encoding: 'utf8', maxBuffer: 1024 * 2 ** 20 });
-  if (r.status !== 0) throw new Error(`perf script failed: ${r.stderr}`);
-  return r.stdout
-    .split(/\n\s*\n/)
-    .map((block) => block.split('\n').map((line) => line.trim()).filter(Boolean))
-    .filter((frames) => frames.length > 0);
-}
-
 async function profileCase(node, name, opts) {
   const spec = CASES[name];
   const requests = opts.requests ?? spec.requests;
@@ -114,7 +100,7 @@ async function profileCase(node, name, opts) {
     const code = await perfDone;
     if (!fs.existsSync(data)) throw new Error(`perf record failed (${code}): ${perfErr.trim()}`);
     if (load.errors > 0) throw new Error(`${load.errors} failed requests`);
-    const stacks = sampleStacks(data);
+    const stacks = perfSamples(data).map((sample) => sample.frames);
     const byFunction = new Map();
     let inclusive = 0;
     for (const frames of stacks) {

@@ -6,6 +6,7 @@
 // bench/request-breakdown.js. A frame is `<address> <symbol> (<object>)`
 // as `perf script -F ip,sym,dso` prints it; stacks are innermost first.
 
+const { spawnSync } = require('node:child_process');
 const path = require('node:path');
 
 const ROOT = path.resolve(__dirname, '..', '..');
@@ -49,6 +50,24 @@ function inPackageWork(frames) {
 }
 
 /**
+ * The samples of a perf.data file recorded with `-g`: `{ seconds, frames }`,
+ * frames innermost first, `seconds` on the clock perf stamped them with
+ * (`perf record -k CLOCK_MONOTONIC` makes it the one process.hrtime() reads).
+ */
+function perfSamples(data) {
+  const r = spawnSync('perf', ['script', '-i', data, '-F', 'time,ip,sym,dso'], { encoding: 'utf8', maxBuffer: 4096 * 2 ** 20 });
+  if (r.status !== 0) throw new Error(`perf script failed: ${r.stderr}`);
+  const samples = [];
+  for (const block of r.stdout.split(/\n\s*\n/)) {
+    const lines = block.split('\n').map((line) => line.trim()).filter(Boolean);
+    if (lines.length < 2) continue;
+    const seconds = Number.parseFloat(lines[0]);
+    if (Number.isFinite(seconds)) samples.push({ seconds, frames: lines.slice(1) });
+  }
+  return samples;
+}
+
+/**
  * A frame's function: `7f.. JS:*storeFor /path/js/publish/frame.js:126:24
  * (/tmp/perf-1.map)` → `storeFor (frame.js)`; a native symbol without its
  * address, object and arguments.
@@ -60,4 +79,4 @@ function functionName(frame) {
   return symbol.replace(/\(.*$/, '').replace(/\+0x[0-9a-f]+$/, '');
 }
 
-module.exports = { addon, isOurs, inPackageWork, functionName };
+module.exports = { addon, perfSamples, isOurs, inPackageWork, functionName };
