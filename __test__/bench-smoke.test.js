@@ -184,7 +184,7 @@ const perfReason = (() => {
 test('bench/request-breakdown.js splits each manager\'s CPU per request into parts that add up to it', { skip: perfReason ?? false }, () => {
   const r = spawnSync(
     process.execPath,
-    ['bench/request-breakdown.js', '--only', 'http', '--kinds', 'stock,ours', '--rounds', '1', '--cycles', '10', '--burst', '150', '--top', '5'],
+    ['bench/request-breakdown.js', '--only', 'http', '--kinds', 'stock,bare,ours', '--against', 'bare', '--rounds', '1', '--cycles', '10', '--burst', '150', '--top', '5'],
     { cwd: ROOT, encoding: 'utf8', timeout: 120000 },
   );
   assert.strictEqual(r.status, 0, r.stderr);
@@ -198,13 +198,20 @@ test('bench/request-breakdown.js splits each manager\'s CPU per request into par
   const parts = ['garbage collection', 'the package and what it calls', 'V8 builtins', 'other JavaScript', 'the kernel', 'other native code'].map(
     (title) => cells(`  ${title}`),
   );
-  // Columns: stock, ours (one round: the medians are that round's figures).
-  for (const column of [0, 1]) {
+  // Columns: stock, bare, ours (one round: the medians are that round's figures).
+  for (const column of [0, 1, 2]) {
     assert.ok(cpu[column] > 0, `CPU per request ${cpu[column]}`);
     const sum = parts.reduce((total, part) => total + part[column], 0);
     assert.ok(Math.abs(sum - cpu[column]) <= 0.05 * parts.length + 0.01 * cpu[column], `parts ${sum} against CPU ${cpu[column]}`);
   }
-  assert.ok(parts[1][1] > 0, 'ours spends some of its time in the package');
+  assert.ok(parts[1][2] > 0, 'ours spends some of its time in the package');
   assert.ok(cells('heap bytes allocated per request')[0] > 1000, 'a traced request allocates');
-  assert.ok(lines.some((l) => l.startsWith('| innermost function [bucket] |')), r.stdout);
+  // The functions are compared with the kind --against names.
+  assert.ok(lines.some((l) => l.startsWith('| innermost function [bucket] | bare, µs | ours, µs | ours − bare |')), r.stdout);
+});
+
+test('bench/request-breakdown.js refuses to compare with a kind it does not run', () => {
+  const r = spawnSync(process.execPath, ['bench/request-breakdown.js', '--kinds', 'stock,ours', '--against', 'bare'], { cwd: ROOT, encoding: 'utf8' });
+  assert.strictEqual(r.status, 2, r.stderr);
+  assert.match(r.stderr, /--against must name another kind that runs/);
 });

@@ -21,11 +21,13 @@
 // v8.GCProfiler windows over the same bursts (bench/lib/heap.js). The
 // tables show the median over rounds (one server each) of each figure and
 // of ours − stock, then the innermost functions whose time differs most
-// between ours and stock.
+// between ours and stock (or the kind --against names: bare, to see what
+// the identity attributes cost).
 //
 //   node bench/request-breakdown.js [--node <path>[,<path>...]]
 //       [--only http,service,fastify] [--kinds stock,bare,ours]
 //       [--rounds N] [--cycles N] [--burst N] [--frequency HZ] [--top N]
+//       [--against KIND]
 //
 // Needs `perf` (linux-perf) and permission to sample another process (root,
 // or kernel.perf_event_paranoid <= 1). BENCHMARKS.md has a run.
@@ -54,7 +56,7 @@ function fail(message) {
 }
 
 function parseArgs(argv) {
-  const opts = { nodes: [], only: Object.keys(CASES), kinds: ['stock', 'bare', 'ours'], rounds: 3, cycles: 40, burst: null, frequency: 1999, top: 12 };
+  const opts = { nodes: [], only: Object.keys(CASES), kinds: ['stock', 'bare', 'ours'], rounds: 3, cycles: 40, burst: null, frequency: 1999, top: 12, against: 'stock' };
   for (let i = 0; i < argv.length; i++) {
     const value = () => {
       if (i + 1 >= argv.length) fail(`${argv[i]} needs a value`);
@@ -93,11 +95,15 @@ function parseArgs(argv) {
       case '--top':
         opts.top = positive('--top');
         break;
+      case '--against':
+        opts.against = value();
+        break;
       default:
         fail(`unknown option ${argv[i]}`);
     }
   }
   if (opts.nodes.length === 0) opts.nodes.push(process.execPath);
+  if (!opts.kinds.includes(opts.against) || opts.against === 'ours') fail('--against must name another kind that runs (--kinds)');
   return opts;
 }
 
@@ -267,16 +273,19 @@ function signed(key, value) {
  * ours and stock (median over rounds of the paired difference), with their
  * bucket: what the extra time is spent in, by function.
  */
-function largestDifferences(byKind, top) {
+function largestDifferences(byKind, top, against) {
+  // Rounds where both ran (the Datadog peer cannot before Node 24).
+  const pairs = byKind[against].map((r, i) => [r, byKind.ours[i]]).filter(([r, o]) => r !== null && o !== null);
+  if (pairs.length === 0) return [`(${against} did not run here: no functions to compare)`];
   const names = new Set();
-  for (const f of [...byKind.stock, ...byKind.ours]) for (const fn of f.functions.keys()) names.add(fn);
+  for (const [r, o] of pairs) for (const fn of [...r.functions.keys(), ...o.functions.keys()]) names.add(fn);
   const rows = [...names].map((fn) => {
     const at = (f) => f.functions.get(fn) ?? 0;
-    return { fn, stock: median(byKind.stock.map(at)), ours: median(byKind.ours.map(at)), diff: median(byKind.stock.map((s, i) => at(byKind.ours[i]) - at(s))) };
+    return { fn, reference: median(pairs.map(([r]) => at(r))), ours: median(pairs.map(([, o]) => at(o))), diff: median(pairs.map(([r, o]) => at(o) - at(r))) };
   });
   rows.sort((a, b) => Math.abs(b.diff) - Math.abs(a.diff));
-  const lines = ['| innermost function [bucket] | stock, µs | ours, µs | ours − stock |', '| --- | ---: | ---: | ---: |'];
-  for (const r of rows.slice(0, top)) lines.push(`| ${r.fn.replace(/\|/g, '\\|')} | ${r.stock.toFixed(2)} | ${r.ours.toFixed(2)} | ${signed('', r.diff)} |`);
+  const lines = [`| innermost function [bucket] | ${against}, µs | ours, µs | ours − ${against} |`, '| --- | ---: | ---: | ---: |'];
+  for (const r of rows.slice(0, top)) lines.push(`| ${r.fn.replace(/\|/g, '\\|')} | ${r.reference.toFixed(2)} | ${r.ours.toFixed(2)} | ${signed('', r.diff)} |`);
   return lines;
 }
 
@@ -313,7 +322,7 @@ async function main() {
         out.push(`| ${title} | ${cells.join(' | ')} |`);
       }
       out.push('');
-      if (hasOurs) out.push(...largestDifferences(byKind, opts.top), '');
+      if (hasOurs) out.push(...largestDifferences(byKind, opts.top, opts.against), '');
       process.stderr.write(`${out.slice(-ROWS.length - 4).join('\n')}\n`);
     }
   }
