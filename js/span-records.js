@@ -365,11 +365,21 @@ function isCurrent(record) {
 }
 
 /**
+ * Whether `record` is an observed span's record of the current schema: then
+ * it follows every change of its span, and nothing needs checking. Two
+ * loads; cannot throw.
+ */
+function isKnownFresh(record) {
+  return record.observed && record.schema === schema;
+}
+
+/**
  * isCurrent() with the answer for an observed span's record of the current
- * schema first: two loads, on the path of every record-mode switch.
+ * schema first: two loads, on the path of every record-mode switch. May
+ * throw (a span's getters).
  */
 function isFresh(record) {
-  return (record.observed && record.schema === schema) || isCurrent(record);
+  return isKnownFresh(record) || isCurrent(record);
 }
 
 /**
@@ -547,6 +557,7 @@ module.exports = {
   RECORD_ALIGN,
   recordOf,
   isFresh,
+  isKnownFresh,
   pointerOf,
   spanEnded,
   blankRecord,

@@ -103,10 +103,27 @@ let nullWrapper = null;
 
 /**
  * What the manager's AsyncLocalStorage stores for `context`, any value as
- * with the stock manager. One private-field lookup and a few loads on the path
- * a context takes after its first entry. Cannot throw.
+ * with the stock manager. Cannot throw.
+ *
+ * The path a context takes after its first entry (one private-field lookup
+ * and a few loads) is all that with() inlines: everything else is in
+ * storeForSlow(), so TurboFan's inlining budget is left for
+ * AsyncLocalStorage's run() and the caller's code.
  */
 function storeFor(context) {
+  if (typeof context === 'object' && context !== null) {
+    // A private-field lookup runs no trap or getter: it cannot throw on an object.
+    const cached = wrappers.get(context);
+    if (cached !== undefined) {
+      const record = cached.record;
+      if (record === null || spanRecords.isKnownFresh(record)) return cached;
+    }
+  }
+  return storeForSlow(context);
+}
+
+/** storeFor() for everything but a known context whose record is current. Cannot throw. */
+function storeForSlow(context) {
   if (typeof context !== 'object' || context === null) {
     if (context === undefined) return (undefinedWrapper ??= noSpanWrapper(undefined));
     if (context === null) return (nullWrapper ??= noSpanWrapper(null));

@@ -153,11 +153,27 @@ let nullStore = null;
 
 /**
  * What the manager's AsyncLocalStorage stores for `context`, any value as
- * with the stock manager, its record current. A context seen before whose
- * span's class reports its changes costs one private-field lookup and two
- * checks. Cannot throw.
+ * with the stock manager, its record current. Cannot throw.
+ *
+ * The path of a context seen before whose span's class reports its changes
+ * (one private-field lookup and two checks) is all that with() inlines:
+ * everything else is in storeForSlow(), so TurboFan's inlining budget is
+ * left for AsyncLocalStorage's run() and the caller's code.
  */
 function storeFor(context) {
+  if (typeof context === 'object' && context !== null) {
+    // A private-field lookup runs no trap or getter: it cannot throw on an object.
+    const store = StoreSlot.get(context);
+    if (store !== undefined) {
+      const record = store.record;
+      if (record === NO_SPAN || (record.observed && record.schema === schema)) return store;
+    }
+  }
+  return storeForSlow(context);
+}
+
+/** storeFor() for everything but a known context whose record is current. Cannot throw. */
+function storeForSlow(context) {
   if (typeof context !== 'object' || context === null) {
     if (context === undefined) return (undefinedStore ??= new RecordStore(undefined, NO_SPAN));
     if (context === null) return (nullStore ??= new RecordStore(null, NO_SPAN));
@@ -220,12 +236,20 @@ function enter(store) {
   publish(store.record);
 }
 
-/** Publishes `record` again (the pointer's record before a with() call). Cannot throw. */
+/**
+ * Publishes `record` again (the pointer's record before a with() call), as
+ * with() leaves. Cannot throw. Like storeFor(), only the path of a current
+ * record is inlined into with().
+ */
 function republish(record) {
+  if (record === NO_SPAN || (record.observed && record.schema === schema)) publish(record);
+  else republishSlow(record);
+}
+
+/** republish() for a record that may no longer say what its span says. Cannot throw. */
+function republishSlow(record) {
   try {
-    if (record !== NO_SPAN && (record.schema !== schema || !record.observed) && !spanRecords.isFresh(record)) {
-      record = prepare(spanRecords.recordOf(record.span) ?? NO_SPAN);
-    }
+    if (!spanRecords.isFresh(record)) record = prepare(spanRecords.recordOf(record.span) ?? NO_SPAN);
     publish(record);
   } catch (error) {
     publish(NO_SPAN);
