@@ -106,35 +106,38 @@ let nullWrapper = null;
  * with the stock manager. Cannot throw.
  *
  * The path a context takes after its first entry (one private-field lookup
- * and a few loads) is all that with() inlines: everything else is in
- * storeForSlow(), so TurboFan's inlining budget is left for
+ * and a few loads) is all that with() inlines: a first entry and a stale
+ * record go to storeForSlow(), so TurboFan's inlining budget is left for
  * AsyncLocalStorage's run() and the caller's code.
  */
 function storeFor(context) {
-  if (typeof context === 'object' && context !== null) {
-    // A private-field lookup runs no trap or getter: it cannot throw on an object.
-    const cached = wrappers.get(context);
-    if (cached !== undefined) {
-      const record = cached.record;
-      if (record === null || spanRecords.isKnownFresh(record)) return cached;
-    }
+  if ((typeof context !== 'object' && typeof context !== 'function') || context === null) return wrapperOfValue(context);
+  // A private-field lookup runs no trap or getter: it cannot throw on an object.
+  const cached = wrappers.get(context);
+  if (cached !== undefined) {
+    const record = cached.record;
+    if (record === null || spanRecords.isKnownFresh(record)) return cached;
   }
-  return storeForSlow(context);
+  return storeForSlow(context, cached);
 }
 
-/** storeFor() for everything but a known context whose record is current. Cannot throw. */
-function storeForSlow(context) {
-  if (typeof context !== 'object' || context === null) {
-    if (context === undefined) return (undefinedWrapper ??= noSpanWrapper(undefined));
-    if (context === null) return (nullWrapper ??= noSpanWrapper(null));
-    // Any other value may be a context too (functions included).
-    if (typeof context !== 'function') return noSpanWrapper(context);
-  }
+/** The wrapper of a context that is not an object: no span, as with the stock manager any value is a context. */
+function wrapperOfValue(context) {
+  if (context === undefined) return (undefinedWrapper ??= noSpanWrapper(undefined));
+  if (context === null) return (nullWrapper ??= noSpanWrapper(null));
+  return noSpanWrapper(context);
+}
+
+/**
+ * storeFor() for a context (an object or function) entered for the first
+ * time (`cached` undefined: no second private-field lookup) or whose
+ * record may no longer say what its span says. Cannot throw.
+ */
+function storeForSlow(context, cached) {
   try {
-    const cached = wrappers.get(context);
     if (cached !== undefined) {
       const record = cached.record;
-      if (record === null || spanRecords.isFresh(record)) return cached;
+      if (spanRecords.isFresh(record)) return cached;
       // Rewrites the record in place when it can; else a new wrapper.
       if (spanRecords.recordOf(record.span) === record) return cached;
     }

@@ -156,40 +156,42 @@ let nullStore = null;
  * with the stock manager, its record current. Cannot throw.
  *
  * The path of a context seen before whose span's class reports its changes
- * (one private-field lookup and two checks) is all that with() inlines:
- * everything else is in storeForSlow(), so TurboFan's inlining budget is
- * left for AsyncLocalStorage's run() and the caller's code.
+ * (one private-field lookup and two checks) is all that with() inlines: a
+ * first entry and a stale record go to storeForSlow(), so TurboFan's
+ * inlining budget is left for AsyncLocalStorage's run() and the caller's
+ * code.
  */
 function storeFor(context) {
-  if (typeof context === 'object' && context !== null) {
-    // A private-field lookup runs no trap or getter: it cannot throw on an object.
-    const store = StoreSlot.get(context);
-    if (store !== undefined) {
-      const record = store.record;
-      if (record === NO_SPAN || (record.observed && record.schema === schema)) return store;
-    }
+  if ((typeof context !== 'object' && typeof context !== 'function') || context === null) return storeOfValue(context);
+  // A private-field lookup runs no trap or getter: it cannot throw on an object.
+  const store = StoreSlot.get(context);
+  if (store !== undefined) {
+    const record = store.record;
+    if (record === NO_SPAN || spanRecords.isKnownFresh(record)) return store;
   }
-  return storeForSlow(context);
+  return storeForSlow(context, store);
 }
 
-/** storeFor() for everything but a known context whose record is current. Cannot throw. */
-function storeForSlow(context) {
-  if (typeof context !== 'object' || context === null) {
-    if (context === undefined) return (undefinedStore ??= new RecordStore(undefined, NO_SPAN));
-    if (context === null) return (nullStore ??= new RecordStore(null, NO_SPAN));
-    // Any other value may be a context too (functions included).
-    if (typeof context !== 'function') return new RecordStore(context, NO_SPAN);
-  }
-  let store;
+/** The store of a context that is not an object: no span, as with the stock manager any value is a context. */
+function storeOfValue(context) {
+  if (context === undefined) return (undefinedStore ??= new RecordStore(undefined, NO_SPAN));
+  if (context === null) return (nullStore ??= new RecordStore(null, NO_SPAN));
+  return new RecordStore(context, NO_SPAN);
+}
+
+/**
+ * storeFor() for a context (an object or function) entered for the first
+ * time (`store` undefined: no second private-field lookup) or whose record
+ * may no longer say what its span says. Cannot throw.
+ */
+function storeForSlow(context, store) {
   try {
-    store = StoreSlot.get(context);
     if (store === undefined) {
       store = new RecordStore(context, NO_SPAN);
       StoreSlot.add(context, store);
       store.record = recordFor(context);
-    } else {
-      const record = store.record;
-      if (record !== NO_SPAN && !spanRecords.isFresh(record)) store.record = recordFor(context);
+    } else if (!spanRecords.isFresh(store.record)) {
+      store.record = recordFor(context);
     }
     return store;
   } catch (error) {
