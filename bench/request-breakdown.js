@@ -270,8 +270,9 @@ function signed(key, value) {
 
 /**
  * The `top` innermost functions whose µs per request differ most between
- * ours and stock (median over rounds of the paired difference), with their
- * bucket: what the extra time is spent in, by function.
+ * ours and the kind `against` (median over the rounds both ran of the
+ * paired difference), with their bucket: what the extra time is spent in,
+ * by function.
  */
 function largestDifferences(byKind, top, against) {
   // Rounds where both ran (the Datadog peer cannot before Node 24).
